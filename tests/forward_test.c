@@ -31,7 +31,7 @@ static void open_fixture(fixture *fx, const char *name, int use_f64, int32_t slo
     fx->be = kd_cpu_backend_create(use_f64, &err);
     ck_assert_msg(fx->be != NULL, "%s", err.msg);
     ck_assert_msg(kd_backend_load(fx->be, &fx->m->config, &fx->m->tensors, &err) == 0, "%s", err.msg);
-    ck_assert_msg(kd_backend_reserve(fx->be, slots, slots, tokens, &err) == 0, "%s", err.msg);
+    ck_assert_msg(kd_backend_reserve(fx->be, slots, slots, tokens, 8, KD_COMMIT_DEFERRED, &err) == 0, "%s", err.msg);
 }
 
 static void close_fixture(fixture *fx) {
@@ -273,12 +273,12 @@ START_TEST(test_bad_arguments) {
     ck_assert(kd_backend_forward(fx.be, &b, lg, &err) != 0);
     row.n_tokens = 1;
     ck_assert(kd_backend_forward(fx.be, &b, NULL, &err) != 0); /* logits without a buffer */
-    kd_batch_row two[2] = {{0, 1, 0}, {0, 1, 0}};
+    kd_batch_row two[2] = {{0, 1, 0, 0, 0}, {0, 1, 0, 0, 0}};
     kd_batch b2 = {.n_rows = 2, .rows = two, .tokens = tok};
     ck_assert(kd_backend_forward(fx.be, &b2, lg, &err) != 0); /* shared slot */
     ck_assert(kd_backend_reset_slot(fx.be, 5, &err) != 0);
     ck_assert(kd_backend_state_read(fx.be, 0, lg, 3, &err) != 0);
-    ck_assert(kd_backend_reserve(fx.be, 2, 2, 8, &err) != 0); /* twice */
+    ck_assert(kd_backend_reserve(fx.be, 2, 2, 8, 8, KD_COMMIT_DEFERRED, &err) != 0); /* twice */
     /* the state never moved */
     size_t bytes = kd_backend_state_bytes(fx.be);
     float *st = malloc(bytes);

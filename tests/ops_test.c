@@ -249,11 +249,11 @@ START_TEST(test_recurrent_random) {
               *gf = to_f32(g, T * HV * K), *bf = to_f32(beta, T * HV), *Sf = to_f32(S, HV * K * V),
               *of = to_f32(oref, T * HV * V);
         for (int64_t i = 0; i < T * HV * V; i++) of[i] = NAN; /* poison */
-        kd_kda_recurrent_f32(of, Sf, qf, kf, vf, gf, bf, T, H, HV, K, V);
+        kd_kda_recurrent_f32(of, Sf, qf, kf, vf, gf, bf, T, H, HV, K, V, NULL, NULL);
         CHECK_F32(of, oref, T * HV * V, 1e-5, "recurrence o");
         CHECK_F32(Sf, Sref, HV * K * V, 1e-5, "recurrence state");
         double *S64 = copy64(S, HV * K * V), *o64 = randn(T * HV * V, 0);
-        kd_kda_recurrent_f64(o64, S64, q, k, v, g, beta, T, H, HV, K, V);
+        kd_kda_recurrent_f64(o64, S64, q, k, v, g, beta, T, H, HV, K, V, NULL, NULL);
         CHECK_F64(o64, oref, T * HV * V, 1e-12, "recurrence o");
         CHECK_F64(S64, Sref, HV * K * V, 1e-12, "recurrence state");
         free(q), free(k), free(v), free(g), free(beta), free(S), free(Sref), free(oref);
@@ -300,7 +300,7 @@ static void oracle_kda(const char *name) {
                 kd_kda_gate_f64(g + t * HV * K, d[3] + t * HV * K, d[5], d[6], HV, K, use_lb, lb);
                 kd_kda_beta_f64(beta + t * HV, d[4] + t * HV, HV, neg);
             }
-            kd_kda_recurrent_f64(o, S, q, k, d[2], g, beta, T, H, HV, K, V);
+            kd_kda_recurrent_f64(o, S, q, k, d[2], g, beta, T, H, HV, K, V, NULL, NULL);
             CHECK_F64(o, d[9], T * HV * V, 1e-10, "oracle kda o");
             CHECK_F64(S, d[8], HV * K * V, 1e-10, "oracle kda final state");
         } else {
@@ -317,7 +317,7 @@ static void oracle_kda(const char *name) {
                 kd_kda_beta_f32(bf + t * HV, brf + t * HV, HV, neg);
             }
             for (int64_t i = 0; i < T * HV * V; i++) of[i] = NAN;
-            kd_kda_recurrent_f32(of, Sf, qf, kf, vf, gf, bf, T, H, HV, K, V);
+            kd_kda_recurrent_f32(of, Sf, qf, kf, vf, gf, bf, T, H, HV, K, V, NULL, NULL);
             CHECK_F32(of, d[9], T * HV * V, 1e-5, "oracle kda o");
             CHECK_F32(Sf, d[8], HV * K * V, 1e-5, "oracle kda final state");
             free(qf), free(kf), free(vf), free(grf), free(brf), free(Af), free(dtf), free(gf);

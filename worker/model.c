@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 /* config.json and the index are small; anything bigger is not a checkpoint. */
 #define KD_MAX_JSON_FILE (256u << 20)
@@ -415,6 +416,35 @@ done:
     return rc;
 }
 
+/* The model fingerprint: the config that matters to the math and every tensor (name,
+ * dtype, shape, bytes), in name order, through XXH3-64. Two workers agree on it exactly when
+ * they compute the same function. */
+static int fingerprint(kd_model *m, const loader *ld, kd_err *err) {
+    XXH3_state_t *st = XXH3_createState();
+    if (!st || XXH3_64bits_reset(st) != XXH_OK) {
+        XXH3_freeState(st);
+        return kd_fail(err, "%s: out of memory", m->dir);
+    }
+    const kd_config *c = &m->config;
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "kda:D=%d,L=%d,H=%d,HV=%d,K=%d,V=%d,W=%d,conv=%d,I=%d,vocab=%d,"
+                     "eps=%.17g,lb=%d:%.17g,neg=%d,tie=%d", c->hidden, c->n_layers, c->n_heads,
+                     c->n_v_heads, c->head_k, c->head_v, c->conv_size, c->use_short_conv,
+                     c->intermediate, c->vocab, c->norm_eps, c->use_lower_bound, c->lower_bound,
+                     c->allow_neg_eigval, c->tie_embeddings);
+    XXH3_64bits_update(st, buf, (size_t)n);
+    for (size_t i = 0; i < ld->n_refs; i++) {
+        const kd_st_entry *e = ld->refs[i].e;
+        XXH3_64bits_update(st, e->name, strlen(e->name) + 1);
+        XXH3_64bits_update(st, &e->t.dtype, sizeof e->t.dtype);
+        XXH3_64bits_update(st, e->t.shape, sizeof e->t.shape[0] * (size_t)e->t.ndim);
+        XXH3_64bits_update(st, e->t.data, (size_t)e->nbytes);
+    }
+    m->fingerprint = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return 0;
+}
+
 kd_model *kd_model_open(const char *dir, kd_err *err) {
     kd_model *m = calloc(1, sizeof *m);
     char *cfg_path = NULL, *st_path = NULL, *idx_path = NULL, *text = NULL;
@@ -464,6 +494,7 @@ kd_model *kd_model_open(const char *dir, kd_err *err) {
             goto fail;
         }
     if (bind_all(&ld) != 0) goto fail;
+    if (fingerprint(m, &ld, err)) goto fail;
     free(ld.refs);
     free(text);
     free(cfg_path);

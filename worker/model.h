@@ -22,6 +22,7 @@ typedef struct kd_model {
     kd_st_file **files;
     int32_t eos_token_id;   /* -1 when the config has none */
     int32_t bos_token_id;   /* -1 when the config has none */
+    uint64_t fingerprint;   /* XXH3-64 of the config and every tensor (name, dtype, shape, bytes) */
 } kd_model;
 
 /* Parses config.json text (exposed for tests); `what` names the source in errors. */

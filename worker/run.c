@@ -1,5 +1,6 @@
-/* run.c: `kdecode run`: load a checkpoint, prefill the prompt in chunks, then decode one
- * token at a time on the CPU backend, printing {"tokens":[...],"finish":...}. */
+/* run.c: `kdecode run`: offline generation through the decode engine on the CPU backend
+ * (chunked prefill, speculative verify windows, the chosen commit mode, the prefix cache),
+ * printing one JSON line with the tokens and the step statistics. */
 #include "worker/run.h"
 
 #include <errno.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "kd/backend.h"
+#include "worker/engine.h"
 #include "worker/model.h"
 #include "worker/safetensors.h"
 #include "worker/sample.h"
@@ -77,36 +79,114 @@ fail:
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kdecode run --model DIR --prompt-ids 1,2,3 --max-tokens N\n"
-            "         [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-            "         [--dump-logits FILE] [--prefill-chunk N] [--ignore-eos] [--f64]\n"
-            "Generates on the CPU backend and prints {\"tokens\":[...],\"finish\":...}.\n"
-            "  --dump-logits FILE  safetensors with `logits` F32 [prompt_len, vocab]\n"
-            "  --prefill-chunk N   prompt tokens per forward pass (default 512)\n"
-            "  --ignore-eos        do not stop at the model's eos_token_id\n"
-            "  --f64               compute in double precision (reference runs)\n");
+            "usage: kdecode run --model DIR --prompt-ids 1,2,3 --max-tokens N [flags]\n"
+            "Generates on the CPU backend and prints one JSON line:\n"
+            "  {\"tokens\":[...],\"finish\":...,\"steps\":...,\"drafted\":...,\"accepted\":...,\n"
+            "   \"prefix_hit_tokens\":...}  (with --batch B > 1 also \"batch\":[[...],...])\n"
+            "sampling:    --temperature T (0: greedy) --top-k K --top-p P --seed S\n"
+            "speculation: --spec-tokens S (0..31) --draft none|ngram|oracle [--draft-corrupt P]\n"
+            "             (oracle: the greedy continuation, computed first; for tests)\n"
+            "state:       --commit deferred|eager|store-all\n"
+            "             --prefix-block N [--prefix-cache-bytes B] (align-mode prefix cache)\n"
+            "batching:    --batch B (B copies of the prompt, seeds S..S+B-1)\n"
+            "             --prefill-chunk N (per-step token budget, default 512)\n"
+            "other:       --dump-logits FILE (safetensors `logits` F32 [prompt_len, vocab])\n"
+            "             --ignore-eos  --f64 (double precision reference)\n");
+}
+
+typedef struct run_out {
+    int32_t *toks; /* [batch][max_tokens] */
+    int32_t *n;
+    kd_finish *fin;
+    int32_t max_tokens;
+} run_out;
+
+static void on_event(void *ctx, const kd_event *ev) {
+    run_out *o = ctx;
+    for (int32_t i = 0; i < ev->n_tokens && o->n[ev->id] < o->max_tokens; i++)
+        o->toks[ev->id * (uint64_t)o->max_tokens + (uint64_t)o->n[ev->id]++] = ev->tokens[i];
+    if (ev->finish != KD_FINISH_NONE) o->fin[ev->id] = ev->finish;
+}
+
+/* Logits of every prompt position, in one prefill, for --dump-logits. */
+static int dump_logits(kd_model *m, int use_f64, const int32_t *ids, long n, const char *path, kd_err *err) {
+    const int32_t V = m->config.vocab;
+    int rc = -1;
+    float *all = malloc((size_t)n * V * sizeof *all);
+    kd_backend *be = kd_cpu_backend_create(use_f64, err);
+    kd_st_writer *w = NULL;
+    if (!all || !be) goto done;
+    if (kd_backend_load(be, &m->config, &m->tensors, err) ||
+        kd_backend_reserve(be, 1, 1, n, 1, KD_COMMIT_DEFERRED, err))
+        goto done;
+    kd_batch_row row = {.slot = 0, .n_tokens = (int32_t)n, .logits = KD_LOGITS_ALL};
+    kd_batch b = {.n_rows = 1, .rows = &row, .tokens = ids};
+    if (kd_backend_forward(be, &b, all, err)) goto done;
+    int64_t shape[2] = {n, V};
+    if (!(w = kd_st_writer_new())) {
+        kd_fail(err, "out of memory");
+        goto done;
+    }
+    if (kd_st_writer_add(w, "logits", KD_F32, 2, shape, all, err) || kd_st_writer_write(w, path, err)) goto done;
+    rc = 0;
+done:
+    if (!all) kd_fail(err, "out of memory for %ld x %d logits", n, V);
+    kd_st_writer_free(w);
+    kd_backend_free(be);
+    free(all);
+    return rc;
+}
+
+/* Runs `batch` copies of the prompt through a fresh engine; fills out and the stats. */
+static int generate(kd_model *m, int use_f64, const kd_engine_config *cfg, const kd_request_params *proto,
+                    int32_t batch, run_out *out, kd_engine_stats *st, kd_err *err) {
+    int rc = -1;
+    kd_engine *e = NULL;
+    kd_backend *be = kd_cpu_backend_create(use_f64, err);
+    if (!be || kd_backend_load(be, &m->config, &m->tensors, err)) goto done;
+    if (!(e = kd_engine_create(be, m->fingerprint, cfg, on_event, out, err))) goto done;
+    for (int32_t i = 0; i < batch; i++) {
+        kd_request_params p = *proto;
+        p.id = (uint64_t)i;
+        p.sampling.seed = proto->sampling.seed + (uint64_t)i;
+        if (kd_engine_submit(e, &p, err) != KD_SUBMIT_OK) goto done;
+    }
+    while (kd_engine_has_work(e))
+        if (kd_engine_step(e, err) < 0) goto done;
+    kd_engine_stats_get(e, st);
+    rc = 0;
+done:
+    kd_engine_free(e);
+    kd_backend_free(be);
+    return rc;
 }
 
 int kd_run_main(int argc, char **argv) {
     enum { O_MODEL = 1, O_PROMPT, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP, O_CHUNK,
-           O_IGNORE_EOS, O_F64, O_HELP };
+           O_IGNORE_EOS, O_F64, O_SPEC, O_DRAFT, O_CORRUPT, O_COMMIT, O_BLOCK, O_CACHE, O_BATCH,
+           O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
         {"max-tokens", required_argument, 0, O_MAX},    {"temperature", required_argument, 0, O_TEMP},
         {"top-k", required_argument, 0, O_TOPK},        {"top-p", required_argument, 0, O_TOPP},
         {"seed", required_argument, 0, O_SEED},         {"dump-logits", required_argument, 0, O_DUMP},
         {"prefill-chunk", required_argument, 0, O_CHUNK}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"f64", no_argument, 0, O_F64},                 {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
+        {"f64", no_argument, 0, O_F64},                 {"spec-tokens", required_argument, 0, O_SPEC},
+        {"draft", required_argument, 0, O_DRAFT},       {"draft-corrupt", required_argument, 0, O_CORRUPT},
+        {"commit", required_argument, 0, O_COMMIT},     {"prefix-block", required_argument, 0, O_BLOCK},
+        {"prefix-cache-bytes", required_argument, 0, O_CACHE}, {"batch", required_argument, 0, O_BATCH},
+        {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = NULL, *dump = NULL;
-    long long max_tokens = -1, chunk = 512;
+    long long max_tokens = -1, chunk = 512, spec = 0, block = 0, batch = 1, v;
+    unsigned long long cache_bytes = 256ull << 20, u;
+    double corrupt = 0;
     kd_sampling samp = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
-    int ignore_eos = 0, use_f64 = 0, o, li = 0;
+    kd_draft_source draft = KD_DRAFT_NGRAM;
+    kd_commit_mode commit = KD_COMMIT_DEFERRED;
+    int ignore_eos = 0, use_f64 = 0, o, li = 0, draft_set = 0;
     optind = 1;
     opterr = 0;
     while ((o = getopt_long(argc, argv, "", opts, &li)) != -1) {
-        long long v;
-        unsigned long long u;
         int bad = 0;
         switch (o) {
         case O_MODEL: model_dir = optarg; break;
@@ -120,6 +200,13 @@ int kd_run_main(int argc, char **argv) {
         case O_CHUNK: bad = kd_parse_i64(optarg, 1, 1 << 20, &chunk); break;
         case O_IGNORE_EOS: ignore_eos = 1; break;
         case O_F64: use_f64 = 1; break;
+        case O_SPEC: bad = kd_parse_i64(optarg, 0, 31, &spec); break;
+        case O_DRAFT: bad = kd_draft_source_parse(optarg, &draft) || draft == KD_DRAFT_CALLER; draft_set = 1; break;
+        case O_CORRUPT: bad = kd_parse_f64(optarg, 0, 1, &corrupt); break;
+        case O_COMMIT: bad = kd_commit_mode_parse(optarg, &commit); break;
+        case O_BLOCK: bad = kd_parse_i64(optarg, 1, 1 << 20, &block); break;
+        case O_CACHE: bad = kd_parse_u64(optarg, &cache_bytes); break;
+        case O_BATCH: bad = kd_parse_i64(optarg, 1, 4096, &batch); break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, "kdecode run: unknown flag or missing value: %s\n", argv[optind - 1]);
@@ -140,100 +227,95 @@ int kd_run_main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (draft_set && draft == KD_DRAFT_NONE) spec = 0;
 
     int rc = 1;
     kd_err err = {{0}};
-    kd_backend *be = NULL;
-    int32_t *ids = NULL, *out = NULL, *order = NULL;
-    float *logits = NULL, *all_logits = NULL;
-    double *probs = NULL;
+    int32_t *ids = NULL;
+    run_out out = {0}, ref = {0};
     kd_model *m = kd_model_open(model_dir, &err);
     if (!m) {
         fprintf(stderr, "kdecode run: %s\n", err.msg);
         return 1;
     }
-    const kd_config *c = &m->config;
     const char *why = NULL;
-    long n_prompt = kd_parse_id_list(prompt, c->vocab, &ids, &why);
-    if (n_prompt < 0) {
-        fprintf(stderr, "kdecode run: --prompt-ids '%s': %s (vocab %d)\n", prompt, why, c->vocab);
+    long n_prompt = kd_parse_id_list(prompt, m->config.vocab, &ids, &why);
+    if (n_prompt <= 0) {
+        fprintf(stderr, "kdecode run: --prompt-ids '%s': %s (vocab %d)\n", prompt,
+                n_prompt ? why : "empty", m->config.vocab);
         rc = 2;
         goto done;
     }
-    if (n_prompt == 0) {
-        fprintf(stderr, "kdecode run: --prompt-ids is empty\n");
-        rc = 2;
+    if (dump && dump_logits(m, use_f64, ids, n_prompt, dump, &err)) {
+        fprintf(stderr, "kdecode run: --dump-logits %s: %s\n", dump, err.msg);
         goto done;
     }
-    if (chunk > n_prompt) chunk = n_prompt;
-    be = kd_cpu_backend_create(use_f64, &err);
-    if (!be || kd_backend_load(be, c, &m->tensors, &err) ||
-        kd_backend_reserve(be, 1, 1, chunk, &err) || kd_backend_reset_slot(be, 0, &err)) {
-        fprintf(stderr, "kdecode run: %s\n", err.msg);
-        goto done;
-    }
-    const int32_t V = c->vocab;
-    logits = malloc((size_t)chunk * V * sizeof *logits);
-    out = malloc(((size_t)max_tokens + 1) * sizeof *out);
-    probs = malloc((size_t)V * sizeof *probs);
-    order = malloc((size_t)V * sizeof *order);
-    if (dump) all_logits = malloc((size_t)n_prompt * V * sizeof *all_logits);
-    if (!logits || !out || !probs || !order || (dump && !all_logits)) {
-        fprintf(stderr, "kdecode run: out of memory\n");
-        goto done;
-    }
-    /* Prefill chunk by chunk; logits of every position only when dumping. */
-    for (long t0 = 0; t0 < n_prompt; t0 += chunk) {
-        int32_t n = (int32_t)(n_prompt - t0 < chunk ? n_prompt - t0 : chunk);
-        int last = t0 + n == n_prompt;
-        kd_batch_row row = {.slot = 0, .n_tokens = n,
-                            .logits = dump ? KD_LOGITS_ALL : (last ? KD_LOGITS_LAST : KD_LOGITS_NONE)};
-        kd_batch b = {.n_rows = 1, .rows = &row, .tokens = ids + t0};
-        if (kd_backend_forward(be, &b, logits, &err)) {
+    kd_engine_stats st = {0};
+    if (max_tokens > 0) {
+        kd_engine_config cfg;
+        kd_engine_config_defaults(&cfg);
+        cfg.max_seqs = (int32_t)batch;
+        cfg.max_queue = 0;
+        cfg.max_spec = (int32_t)spec;
+        cfg.commit = commit;
+        cfg.max_model_len = n_prompt + max_tokens + 1;
+        cfg.max_batch_tokens = chunk + batch * (1 + spec) + 1;
+        cfg.prefix_block = (int32_t)block;
+        cfg.prefix_cache_bytes = (size_t)cache_bytes;
+        kd_request_params p = {.prompt = ids, .n_prompt = n_prompt, .max_tokens = (int32_t)max_tokens,
+                               .sampling = samp, .spec_tokens = (int32_t)spec, .draft = draft,
+                               .eos_id = ignore_eos ? -1 : m->eos_token_id};
+        if (p.eos_id >= m->config.vocab) p.eos_id = -1;
+        out.max_tokens = (int32_t)max_tokens;
+        out.toks = calloc((size_t)batch * (size_t)max_tokens, sizeof *out.toks);
+        out.n = calloc((size_t)batch, sizeof *out.n);
+        out.fin = calloc((size_t)batch, sizeof *out.fin);
+        if (!out.toks || !out.n || !out.fin) {
+            fprintf(stderr, "kdecode run: out of memory\n");
+            goto done;
+        }
+        if (draft == KD_DRAFT_ORACLE && spec > 0) { /* first the greedy continuation */
+            kd_engine_config rcfg = cfg;
+            rcfg.max_seqs = 1, rcfg.max_spec = 0, rcfg.prefix_block = 0;
+            rcfg.max_batch_tokens = chunk + 2;
+            kd_request_params rp = p;
+            rp.sampling.temperature = 0, rp.spec_tokens = 0, rp.draft = KD_DRAFT_NONE, rp.eos_id = -1;
+            ref.max_tokens = (int32_t)max_tokens;
+            ref.toks = calloc((size_t)max_tokens, sizeof *ref.toks);
+            ref.n = calloc(1, sizeof *ref.n);
+            ref.fin = calloc(1, sizeof *ref.fin);
+            kd_engine_stats rst;
+            if (!ref.toks || !ref.n || !ref.fin || generate(m, use_f64, &rcfg, &rp, 1, &ref, &rst, &err)) {
+                fprintf(stderr, "kdecode run: %s\n", ref.toks ? err.msg : "out of memory");
+                goto done;
+            }
+            p.oracle = ref.toks, p.n_oracle = ref.n[0], p.oracle_corrupt = corrupt;
+        }
+        if (generate(m, use_f64, &cfg, &p, (int32_t)batch, &out, &st, &err)) {
             fprintf(stderr, "kdecode run: %s\n", err.msg);
+            rc = strstr(err.msg, "engine:") || strstr(err.msg, "request") ? 2 : 1;
             goto done;
         }
-        if (dump) memcpy(all_logits + (size_t)t0 * V, logits, (size_t)n * V * sizeof *logits);
-        if (last && dump) memmove(logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof *logits);
-    }
-    kd_rng rng;
-    kd_rng_seed(&rng, samp.seed);
-    const char *finish = "length";
-    long n_out = 0;
-    while (n_out < max_tokens) {
-        int32_t tok = kd_sample(logits, V, &samp, &rng, probs, order);
-        out[n_out++] = tok;
-        if (!ignore_eos && tok == m->eos_token_id) {
-            finish = "stop";
-            break;
-        }
-        if (n_out == max_tokens) break;
-        kd_batch_row row = {.slot = 0, .n_tokens = 1, .logits = KD_LOGITS_LAST};
-        kd_batch b = {.n_rows = 1, .rows = &row, .tokens = &tok};
-        if (kd_backend_forward(be, &b, logits, &err)) {
-            fprintf(stderr, "kdecode run: %s\n", err.msg);
-            goto done;
-        }
-    }
-    if (dump) {
-        kd_st_writer *w = kd_st_writer_new();
-        int64_t shape[2] = {n_prompt, V};
-        if (!w || kd_st_writer_add(w, "logits", KD_F32, 2, shape, all_logits, &err) ||
-            kd_st_writer_write(w, dump, &err)) {
-            fprintf(stderr, "kdecode run: --dump-logits: %s\n", w ? err.msg : "out of memory");
-            kd_st_writer_free(w);
-            goto done;
-        }
-        kd_st_writer_free(w);
     }
     printf("{\"tokens\":[");
-    for (long i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
-    printf("],\"finish\":\"%s\"}\n", finish);
+    for (int32_t i = 0; out.n && i < out.n[0]; i++) printf("%s%d", i ? "," : "", out.toks[i]);
+    printf("],\"finish\":\"%s\",\"steps\":%lld,\"drafted\":%lld,\"accepted\":%lld,\"prefix_hit_tokens\":%lld",
+           out.fin ? kd_finish_name(out.fin[0]) : "length", (long long)st.steps, (long long)st.drafted,
+           (long long)st.accepted, (long long)st.cached_tokens);
+    if (batch > 1 && out.n) {
+        printf(",\"batch\":[");
+        for (long long b = 0; b < batch; b++) {
+            printf("%s[", b ? "," : "");
+            for (int32_t i = 0; i < out.n[b]; i++) printf("%s%d", i ? "," : "", out.toks[b * max_tokens + i]);
+            printf("]");
+        }
+        printf("]");
+    }
+    printf("}\n");
     fflush(stdout);
     rc = 0;
 done:
-    free(ids), free(out), free(order), free(logits), free(all_logits), free(probs);
-    kd_backend_free(be);
+    free(ids), free(out.toks), free(out.n), free(out.fin), free(ref.toks), free(ref.n), free(ref.fin);
     kd_model_close(m);
     return rc;
 }

@@ -1,5 +1,6 @@
 /* backend.c: argument checks around the backend vtable, batch helpers, state layout. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "kd/backend.h"
 
@@ -25,8 +26,35 @@ int64_t kd_batch_logit_rows(const kd_batch *b) {
     return n;
 }
 
-int kd_batch_check(const kd_batch *b, int32_t n_slots, int64_t max_tokens, int32_t vocab,
-                   kd_err *err) {
+const char *kd_commit_mode_name(kd_commit_mode m) {
+    switch (m) {
+    case KD_COMMIT_DEFERRED: return "deferred";
+    case KD_COMMIT_EAGER: return "eager";
+    case KD_COMMIT_STORE_ALL: return "store-all";
+    }
+    return "?";
+}
+
+int kd_commit_mode_parse(const char *s, kd_commit_mode *out) {
+    for (int m = KD_COMMIT_DEFERRED; m <= KD_COMMIT_STORE_ALL; m++)
+        if (!strcmp(s, kd_commit_mode_name((kd_commit_mode)m))) return *out = (kd_commit_mode)m, 0;
+    return -1;
+}
+
+size_t kd_slot_bytes(const kd_config *c, int32_t max_window, kd_commit_mode mode,
+                     size_t state_elem_bytes, size_t act_elem_bytes) {
+    kd_state_layout l;
+    kd_state_layout_init(&l, c);
+    const size_t T = (size_t)max_window, HV = (size_t)c->n_v_heads;
+    const size_t conv_ch = c->use_short_conv ? (size_t)(2 * kd_config_qk_dim(c) + kd_config_v_dim(c)) : 0;
+    size_t per_layer = T * conv_ch * act_elem_bytes; /* the window's conv inputs */
+    if (mode == KD_COMMIT_STORE_ALL) per_layer += T * (size_t)l.ssm_elems * state_elem_bytes;
+    else per_layer += T * HV * ((size_t)c->head_v * 4 + 2 * (size_t)c->head_k * act_elem_bytes);
+    return (size_t)l.slot_elems * state_elem_bytes + (size_t)c->n_layers * per_layer;
+}
+
+int kd_batch_check(const kd_batch *b, int32_t n_slots, int64_t max_tokens, int32_t max_window,
+                   int32_t vocab, kd_err *err) {
     if (!b || b->n_rows < 0 || (b->n_rows > 0 && (!b->rows || !b->tokens)))
         return kd_fail(err, "batch: malformed");
     int64_t total = 0;
@@ -38,6 +66,17 @@ int kd_batch_check(const kd_batch *b, int32_t n_slots, int64_t max_tokens, int32
         if (row->n_tokens < 1) return kd_fail(err, "batch: row %d has no tokens", r);
         if (row->logits < KD_LOGITS_NONE || row->logits > KD_LOGITS_ALL)
             return kd_fail(err, "batch: row %d bad logits mode %d", r, row->logits);
+        if (row->kind == KD_ROW_VERIFY) {
+            if (row->n_tokens > max_window)
+                return kd_fail(err, "batch: row %d verify window of %d tokens, at most %d", r,
+                               row->n_tokens, max_window);
+            if (row->fold < 0 || row->fold > max_window)
+                return kd_fail(err, "batch: row %d fold %d out of range", r, row->fold);
+        } else if (row->kind == KD_ROW_PREFILL) {
+            if (row->fold != 0) return kd_fail(err, "batch: row %d prefill with a fold", r);
+        } else {
+            return kd_fail(err, "batch: row %d bad kind %d", r, row->kind);
+        }
         for (int32_t q = 0; q < r; q++)
             if (b->rows[q].slot == row->slot && row->slot != n_slots)
                 return kd_fail(err, "batch: rows %d and %d share slot %d", q, r, row->slot);
@@ -60,12 +99,23 @@ int kd_backend_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w
 }
 
 int kd_backend_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tokens,
-                       kd_err *err) {
-    if (n_slots < 1 || max_rows < 1 || max_tokens < 1 || max_rows > n_slots + 1)
-        return kd_fail(err, "backend %s: bad reservation (slots %d, rows %d, tokens %lld)",
-                       b->ops->name, n_slots, max_rows, (long long)max_tokens);
+                       int32_t max_window, kd_commit_mode mode, kd_err *err) {
+    if (n_slots < 1 || n_slots > (1 << 20) || max_rows < 1 || max_tokens < 1 ||
+        max_rows > (1 << 20) || max_window < 1 || max_window > 64 ||
+        mode < KD_COMMIT_DEFERRED || mode > KD_COMMIT_STORE_ALL)
+        return kd_fail(err,
+                       "backend %s: bad reservation (slots %d, rows %d, tokens %lld, window %d)",
+                       b->ops->name, n_slots, max_rows, (long long)max_tokens, max_window);
     if (b->n_slots) return kd_fail(err, "backend %s: already reserved", b->ops->name);
-    return b->ops->reserve(b, n_slots, max_rows, max_tokens, err);
+    b->records = calloc((size_t)n_slots + 1, sizeof *b->records);
+    if (!b->records) return kd_fail(err, "backend %s: out of memory", b->ops->name);
+    if (b->ops->reserve(b, n_slots, max_rows, max_tokens, max_window, mode, err)) {
+        free(b->records);
+        b->records = NULL;
+        b->n_slots = 0;
+        return -1;
+    }
+    return 0;
 }
 
 static int check_slot(const kd_backend *b, int32_t slot, kd_err *err) {
@@ -76,19 +126,59 @@ static int check_slot(const kd_backend *b, int32_t slot, kd_err *err) {
     return 0;
 }
 
+/* A slot whose state must leave it (copy, export) or be advanced by a prefill must hold no
+ * uncommitted verify records: the engine flushes first (KDA.md §5 flush triggers). */
+static int check_committed(const kd_backend *b, int32_t slot, const char *what, kd_err *err) {
+    if (slot != b->n_slots && b->records[slot] != 0)
+        return kd_fail(err, "backend %s: %s of slot %d with %d uncommitted window tokens", b->ops->name,
+                       what, slot, b->records[slot]);
+    return 0;
+}
+
 int kd_backend_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
     if (check_slot(b, slot, err)) return -1;
-    return b->ops->reset_slot(b, slot, err);
+    if (b->ops->reset_slot(b, slot, err)) return -1;
+    b->records[slot] = 0;
+    return 0;
 }
 
 int kd_backend_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err) {
     if (b->n_slots == 0) return kd_fail(err, "backend %s: no slots reserved", b->ops->name);
-    if (kd_batch_check(batch, b->n_slots, b->max_tokens, b->config.vocab, err)) return -1;
+    if (kd_batch_check(batch, b->n_slots, b->max_tokens, b->max_window, b->config.vocab, err))
+        return -1;
     if (batch->n_rows > b->max_rows)
         return kd_fail(err, "batch: %d rows, reserved %d", batch->n_rows, b->max_rows);
     if (kd_batch_logit_rows(batch) > 0 && !logits)
         return kd_fail(err, "batch: logits requested without an output buffer");
-    return b->ops->forward(b, batch, logits, err);
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row *row = &batch->rows[r];
+        if (row->slot == b->n_slots) continue; /* scratch: whatever it holds is garbage */
+        if (row->kind == KD_ROW_PREFILL) {
+            if (check_committed(b, row->slot, "prefill", err)) return -1;
+        } else if (row->fold > b->records[row->slot] ||
+                   (b->records[row->slot] > 0 && row->fold == 0)) {
+            return kd_fail(err, "batch: row %d folds %d tokens, slot %d has %d recorded", r,
+                           row->fold, row->slot, b->records[row->slot]);
+        }
+    }
+    if (b->ops->forward(b, batch, logits, err)) return -1;
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row *row = &batch->rows[r];
+        b->records[row->slot] = row->kind == KD_ROW_VERIFY ? row->n_tokens : 0;
+    }
+    return 0;
+}
+
+int kd_backend_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
+                      kd_err *err) {
+    if (check_slot(b, slot, err)) return -1;
+    if (n < 0 || n > b->records[slot])
+        return kd_fail(err, "commit: %d tokens, slot %d has %d recorded", n, slot, b->records[slot]);
+    if (snap_at < 0 || snap_at > n || (snap_at > 0 && !snap_dst))
+        return kd_fail(err, "commit: bad snapshot position %d of %d", snap_at, n);
+    if (n > 0 && b->ops->commit(b, slot, n, snap_at, snap_dst, err)) return -1;
+    b->records[slot] = 0;
+    return 0;
 }
 
 size_t kd_backend_state_bytes(const kd_backend *b) {
@@ -96,9 +186,19 @@ size_t kd_backend_state_bytes(const kd_backend *b) {
 }
 
 int kd_backend_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err) {
-    if (check_slot(b, slot, err)) return -1;
+    if (check_slot(b, slot, err) || check_committed(b, slot, "state read", err)) return -1;
     if (bytes != kd_backend_state_bytes(b))
         return kd_fail(err, "state read: %zu bytes, a slot holds %zu", bytes,
+                       kd_backend_state_bytes(b));
+    return b->ops->state_read(b, slot, dst, bytes, err);
+}
+
+int kd_backend_checkpoint_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err) {
+    if (check_slot(b, slot, err)) return -1;
+    if (b->mode == KD_COMMIT_STORE_ALL)
+        return kd_fail(err, "checkpoint read: not kept apart in store-all mode");
+    if (bytes != kd_backend_state_bytes(b))
+        return kd_fail(err, "checkpoint read: %zu bytes, a slot holds %zu", bytes,
                        kd_backend_state_bytes(b));
     return b->ops->state_read(b, slot, dst, bytes, err);
 }
@@ -109,15 +209,24 @@ int kd_backend_state_write(kd_backend *b, int32_t slot, const void *src, size_t 
     if (bytes != kd_backend_state_bytes(b))
         return kd_fail(err, "state write: %zu bytes, a slot holds %zu", bytes,
                        kd_backend_state_bytes(b));
-    return b->ops->state_write(b, slot, src, bytes, err);
+    if (b->ops->state_write(b, slot, src, bytes, err)) return -1;
+    b->records[slot] = 0;
+    return 0;
 }
 
 int kd_backend_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
-    if (check_slot(b, dst, err) || check_slot(b, src, err)) return -1;
+    if (check_slot(b, dst, err) || check_slot(b, src, err) ||
+        check_committed(b, src, "state copy", err))
+        return -1;
     if (dst == src) return 0;
-    return b->ops->state_copy(b, dst, src, err);
+    if (b->ops->state_copy(b, dst, src, err)) return -1;
+    b->records[dst] = 0;
+    return 0;
 }
 
 void kd_backend_free(kd_backend *b) {
-    if (b) b->ops->destroy(b);
+    if (!b) return;
+    free(b->records);
+    b->records = NULL;
+    b->ops->destroy(b);
 }

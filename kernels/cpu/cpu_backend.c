@@ -27,9 +27,16 @@ typedef struct cpu_backend {
     int64_t QK, VD, P;   /* q/k width H*K, value width HV*V, fused projection width */
     cpu_layer *layers;
     real *embed, *final_norm, *head; /* head == embed when tied */
-    real *state;                     /* (n_slots + 1) * slot_elems */
+    /* Slot memory, (n_slots + 1) slots of slot_total elements: the committed state of every
+     * layer first ([L][S | conv window], the export layout), then per layer the records of
+     * the last verify window: conv inputs [T][C], and either corrections [T][HV][V] plus
+     * raw key/gate [T][HV][2K] (deferred, eager) or full states [T][HV][K][V] (store-all). */
+    real *state;
+    int64_t conv_ch;                 /* C = 2*QK + VD with short conv, else 0 */
+    int64_t rec_layer, slot_total;   /* elements */
     /* work space, sized for max_tokens */
     real *x, *h, *proj, *q, *k, *v, *graw, *g, *beta, *gate, *o, *gu, *sel, *lg;
+    real *tmp_state, *tmp_win, *fold_work;
 } cpu_backend;
 
 #define SELF(b) ((cpu_backend *)(b))
@@ -48,7 +55,8 @@ static void cpu_free_all(cpu_backend *cb) {
     if (cb->head != cb->embed) free(cb->head);
     free(cb->embed), free(cb->final_norm), free(cb->state);
     real **ws[] = {&cb->x, &cb->h, &cb->proj, &cb->q, &cb->k, &cb->v, &cb->graw, &cb->g,
-                   &cb->beta, &cb->gate, &cb->o, &cb->gu, &cb->sel, &cb->lg};
+                   &cb->beta, &cb->gate, &cb->o, &cb->gu, &cb->sel, &cb->lg, &cb->tmp_state,
+                   &cb->tmp_win, &cb->fold_work};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) free(*ws[i]), *ws[i] = NULL;
 }
 
@@ -160,37 +168,91 @@ fail:
 }
 
 static int cpu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tokens,
-                       kd_err *err) {
+                       int32_t max_window, kd_commit_mode mode, kd_err *err) {
     cpu_backend *cb = SELF(b);
     const kd_config *c = &b->config;
     if (!cb->layers) return kd_fail(err, "cpu backend: reserve before load");
     const int64_t T = max_tokens, D = c->hidden, HV = c->n_v_heads, K = c->head_k;
-    size_t slot_bytes = (size_t)b->layout.slot_elems * sizeof(real);
-    cb->state = calloc((size_t)n_slots + 1, slot_bytes);
+    const int64_t Tw = max_window, V = c->head_v;
+    cb->conv_ch = c->use_short_conv ? 2 * cb->QK + cb->VD : 0;
+    cb->rec_layer = Tw * cb->conv_ch +
+                    (mode == KD_COMMIT_STORE_ALL ? Tw * b->layout.ssm_elems : Tw * HV * (V + 2 * K));
+    cb->slot_total = b->layout.slot_elems + c->n_layers * cb->rec_layer;
+    cb->state = calloc((size_t)n_slots + 1, (size_t)cb->slot_total * sizeof(real));
     cb->x = alloc_real(T * D), cb->h = alloc_real(T * D), cb->proj = alloc_real(T * cb->P);
     cb->q = alloc_real(T * cb->QK), cb->k = alloc_real(T * cb->QK), cb->v = alloc_real(T * cb->VD);
     cb->graw = alloc_real(T * HV * K), cb->g = alloc_real(T * HV * K), cb->beta = alloc_real(T * HV);
     cb->gate = alloc_real(T * cb->VD), cb->o = alloc_real(T * cb->VD);
     cb->gu = alloc_real(T * 2 * c->intermediate), cb->sel = alloc_real(T * D);
     cb->lg = KD_REAL_DTYPE == KD_F32 ? NULL : alloc_real(T * c->vocab);
+    cb->tmp_state = alloc_real(b->layout.ssm_elems);
+    cb->tmp_win = alloc_real(b->layout.conv_elems);
+    cb->fold_work = alloc_real(2 * K);
     if (!cb->state || !cb->x || !cb->h || !cb->proj || !cb->q || !cb->k || !cb->v ||
         !cb->graw || !cb->g || !cb->beta || !cb->gate || !cb->o || !cb->gu || !cb->sel ||
-        (KD_REAL_DTYPE != KD_F32 && !cb->lg)) {
+        (KD_REAL_DTYPE != KD_F32 && !cb->lg) || !cb->tmp_state || !cb->tmp_win || !cb->fold_work) {
         free(cb->state), cb->state = NULL;
         return kd_fail(err, "cpu backend: out of memory for %d slots and %lld tokens", n_slots,
                        (long long)max_tokens);
     }
     b->n_slots = n_slots, b->max_rows = max_rows, b->max_tokens = max_tokens;
+    b->max_window = max_window, b->mode = mode;
+    b->slot_bytes = (size_t)cb->slot_total * sizeof(real);
     return 0;
 }
 
 static real *slot_state(cpu_backend *cb, int32_t slot) {
-    return cb->state + (size_t)slot * (size_t)cb->base.layout.slot_elems;
+    return cb->state + (size_t)slot * (size_t)cb->slot_total;
+}
+
+static real *layer_state(cpu_backend *cb, int32_t slot, int32_t l) {
+    return slot_state(cb, slot) + (size_t)l * (size_t)cb->base.layout.layer_elems;
+}
+
+/* Records of one layer: conv inputs [T][C], then the mode's part. */
+static real *layer_records(cpu_backend *cb, int32_t slot, int32_t l) {
+    return slot_state(cb, slot) + cb->base.layout.slot_elems + (size_t)l * (size_t)cb->rec_layer;
 }
 
 static int cpu_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
     (void)err;
     memset(slot_state(SELF(b), slot), 0, (size_t)b->layout.slot_elems * sizeof(real));
+    return 0;
+}
+
+/* Commits records [t0, t1) of layer l of a slot into its committed state (the fold). In
+ * store-all mode the state after t1 tokens is stored whole: it is copied, not folded. */
+static void fold_layer(cpu_backend *cb, int32_t slot, int32_t l, int32_t t0, int32_t t1) {
+    const kd_config *c = &cb->base.config;
+    const int64_t HV = c->n_v_heads, K = c->head_k, V = c->head_v, Tw = cb->base.max_window;
+    real *S = layer_state(cb, slot, l), *win = S + cb->base.layout.ssm_elems;
+    real *rec = layer_records(cb, slot, l), *xrec = rec, *mode_rec = rec + Tw * cb->conv_ch;
+    if (t1 <= t0) return;
+    if (cb->conv_ch)
+        KD_SFX(kd_conv_fold)(win, xrec + t0 * cb->conv_ch, cb->conv_ch, t1 - t0, cb->conv_ch,
+                             c->conv_size);
+    if (cb->base.mode == KD_COMMIT_STORE_ALL) {
+        memcpy(S, mode_rec + (t1 - 1) * cb->base.layout.ssm_elems,
+               (size_t)cb->base.layout.ssm_elems * sizeof(real));
+        return;
+    }
+    const real *u = mode_rec, *kg = mode_rec + Tw * HV * V;
+    KD_SFX(kd_kda_fold)(S, kg, u, cb->layers[l].A_log, cb->layers[l].dt_bias, HV, K, V, t0, t1,
+                        c->use_lower_bound, c->lower_bound, cb->fold_work);
+}
+
+static int cpu_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
+                      kd_err *err) {
+    (void)err;
+    cpu_backend *cb = SELF(b);
+    for (int32_t l = 0; l < b->config.n_layers; l++) {
+        if (snap_at > 0) {
+            fold_layer(cb, slot, l, 0, snap_at);
+            memcpy((real *)snap_dst + (size_t)l * b->layout.layer_elems, layer_state(cb, slot, l),
+                   (size_t)b->layout.layer_elems * sizeof(real));
+        }
+        fold_layer(cb, slot, l, snap_at, n);
+    }
     return 0;
 }
 
@@ -222,19 +284,39 @@ static void kda_layer(cpu_backend *cb, int32_t l, const kd_batch *batch, int64_t
         KD_SFX(kd_kda_beta)(cb->beta + t * HV, proj + t * P + 2 * QK + VD + 2 * V, HV,
                             c->allow_neg_eigval);
     }
-    /* Per row: short conv from the slot's window, L2 norms, recurrence from the slot's S. */
+    /* Per row: short conv from the slot's window, L2 norms, recurrence from the slot's S.
+     * A verify row first folds its pending tokens, then runs from copies of the committed
+     * window and state and writes records instead of committing. */
+    const int64_t Tw = cb->base.max_window, C = cb->conv_ch;
     int64_t t0 = 0;
     for (int32_t r = 0; r < batch->n_rows; r++) {
-        const int64_t n = batch->rows[r].n_tokens;
-        real *st = slot_state(cb, batch->rows[r].slot) + (size_t)l * cb->base.layout.layer_elems;
-        real *S = st, *win = st + cb->base.layout.ssm_elems;
+        const kd_batch_row *row = &batch->rows[r];
+        const int64_t n = row->n_tokens;
+        const int verify = row->kind == KD_ROW_VERIFY;
+        real *S = layer_state(cb, row->slot, l), *win = S + cb->base.layout.ssm_elems;
+        real *rec = layer_records(cb, row->slot, l), *mode_rec = rec + Tw * C;
         const real *in = proj + t0 * P;
         real *q = cb->q + t0 * QK, *k = cb->k + t0 * QK, *v = cb->v + t0 * VD;
+        const real *src = S; /* the state the window starts from */
+        if (verify && row->fold > 0) {
+            if (cb->base.mode == KD_COMMIT_STORE_ALL) { /* stock: read the accepted state */
+                if (C) KD_SFX(kd_conv_fold)(win, rec, C, row->fold, C, (int)W);
+                src = mode_rec + (row->fold - 1) * cb->base.layout.ssm_elems;
+            } else {
+                fold_layer(cb, row->slot, l, 0, row->fold);
+            }
+        }
         if (c->use_short_conv) {
             const int64_t Wm = W - 1;
-            KD_SFX(kd_conv_silu)(q, QK, in, P, n, QK, win, L->conv, (int)W);
-            KD_SFX(kd_conv_silu)(k, QK, in + QK, P, n, QK, win + QK * Wm, L->conv + QK * W, (int)W);
-            KD_SFX(kd_conv_silu)(v, VD, in + 2 * QK, P, n, VD, win + 2 * QK * Wm,
+            real *w0 = win;
+            if (verify) { /* the window runs on a copy; its inputs become records */
+                memcpy(cb->tmp_win, win, (size_t)cb->base.layout.conv_elems * sizeof(real));
+                w0 = cb->tmp_win;
+                for (int64_t t = 0; t < n; t++) memcpy(rec + t * C, in + t * P, (size_t)C * sizeof(real));
+            }
+            KD_SFX(kd_conv_silu)(q, QK, in, P, n, QK, w0, L->conv, (int)W);
+            KD_SFX(kd_conv_silu)(k, QK, in + QK, P, n, QK, w0 + QK * Wm, L->conv + QK * W, (int)W);
+            KD_SFX(kd_conv_silu)(v, VD, in + 2 * QK, P, n, VD, w0 + 2 * QK * Wm,
                                  L->conv + 2 * QK * W, (int)W);
         } else {
             for (int64_t t = 0; t < n; t++) {
@@ -243,12 +325,28 @@ static void kda_layer(cpu_backend *cb, int32_t l, const kd_batch *batch, int64_t
                 KD_SFX(kd_silu)(v + t * VD, in + t * P + 2 * QK, VD);
             }
         }
+        if (verify && cb->base.mode != KD_COMMIT_STORE_ALL) { /* raw key and gate records */
+            real *kg = mode_rec + Tw * HV * V;
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t hv = 0; hv < HV; hv++) {
+                    real *dst = kg + (t * HV + hv) * 2 * K;
+                    memcpy(dst, k + t * QK + (hv / (HV / H)) * K, (size_t)K * sizeof(real));
+                    memcpy(dst + K, cb->graw + (t0 + t) * HV * K + hv * K, (size_t)K * sizeof(real));
+                }
+        }
         for (int64_t t = 0; t < n * H; t++) {
             KD_SFX(kd_l2norm)(q + t * K, K, 1e-6, 1.0 / sqrt((double)K));
             KD_SFX(kd_l2norm)(k + t * K, K, 1e-6, 1.0);
         }
-        KD_SFX(kd_kda_recurrent)(cb->o + t0 * VD, S, q, k, v, cb->g + t0 * HV * K,
-                                 cb->beta + t0 * HV, n, H, HV, K, V);
+        real *state = S, *u_out = NULL, *states_out = NULL;
+        if (verify) {
+            memcpy(cb->tmp_state, src, (size_t)cb->base.layout.ssm_elems * sizeof(real));
+            state = cb->tmp_state;
+            if (cb->base.mode == KD_COMMIT_STORE_ALL) states_out = mode_rec;
+            else u_out = mode_rec;
+        }
+        KD_SFX(kd_kda_recurrent)(cb->o + t0 * VD, state, q, k, v, cb->g + t0 * HV * K,
+                                 cb->beta + t0 * HV, n, H, HV, K, V, u_out, states_out);
         t0 += n;
     }
     for (int64_t t = 0; t < N * HV; t++)
@@ -339,6 +437,7 @@ static const kd_backend_ops cpu_ops = {
     .state_read = cpu_state_read,
     .state_write = cpu_state_write,
     .state_copy = cpu_state_copy,
+    .commit = cpu_commit,
     .synchronize = cpu_synchronize,
 };
 

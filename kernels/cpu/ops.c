@@ -4,6 +4,8 @@
 
 #include "kernels/cpu/real.h"
 
+#include <string.h>
+
 void KD_SFX(kd_rmsnorm)(real *y, const real *x, const real *w, int64_t n, double eps) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -72,7 +74,7 @@ void KD_SFX(kd_swiglu)(real *y, const real *gate, const real *up, int64_t n) {
 
 void KD_SFX(kd_kda_recurrent)(real *o, real *S, const real *q, const real *k, const real *v,
                               const real *g, const real *beta, int64_t T, int64_t H, int64_t HV,
-                              int64_t K, int64_t V) {
+                              int64_t K, int64_t V, real *u_out, real *states_out) {
     const int64_t group = HV / H;
     for (int64_t h = 0; h < HV; h++) {
         real *Sh = S + h * K * V;
@@ -93,7 +95,8 @@ void KD_SFX(kd_kda_recurrent)(real *o, real *S, const real *q, const real *k, co
                 }
             }
             for (int64_t j = 0; j < V; j++) ot[j] = bt * (vt[j] - ot[j]);
-            /* Pass 2: S += k u^T, o = S^T q (accumulated in place of u, so keep u apart). */
+            if (u_out) memcpy(u_out + (t * HV + h) * V, ot, (size_t)V * sizeof(real));
+            /* Pass 2: S += k u^T; then o = S^T q (overwrites u, so after the update). */
             for (int64_t c = 0; c < K; c++) {
                 real *row = Sh + c * V;
                 const real kc = kt[c];
@@ -105,6 +108,41 @@ void KD_SFX(kd_kda_recurrent)(real *o, real *S, const real *q, const real *k, co
                 const real qc = qt[c];
                 for (int64_t j = 0; j < V; j++) ot[j] += qc * row[j];
             }
+            if (states_out)
+                memcpy(states_out + (t * HV + h) * K * V, Sh, (size_t)(K * V) * sizeof(real));
         }
+    }
+}
+
+void KD_SFX(kd_kda_fold)(real *S, const real *kg, const real *u, const real *A_log,
+                         const real *dt_bias, int64_t HV, int64_t K, int64_t V, int64_t t_begin,
+                         int64_t t_end, int use_lower_bound, double lower_bound, real *work) {
+    real *kn = work, *g = work + K;
+    for (int64_t h = 0; h < HV; h++) {
+        real *Sh = S + h * K * V;
+        for (int64_t t = t_begin; t < t_end; t++) {
+            const real *rec = kg + (t * HV + h) * 2 * K, *ut = u + (t * HV + h) * V;
+            memcpy(kn, rec, (size_t)K * sizeof(real));
+            KD_SFX(kd_l2norm)(kn, K, 1e-6, 1.0);
+            KD_SFX(kd_kda_gate)(g, rec + K, A_log + h, dt_bias + h * K, 1, K, use_lower_bound,
+                                lower_bound);
+            for (int64_t c = 0; c < K; c++) {
+                real *row = Sh + c * V;
+                const real d = R_EXP(g[c]), kc = kn[c];
+                for (int64_t j = 0; j < V; j++) {
+                    row[j] *= d;
+                    row[j] += kc * ut[j];
+                }
+            }
+        }
+    }
+}
+
+void KD_SFX(kd_conv_fold)(real *win, const real *x, int64_t xs, int64_t n, int64_t C, int W) {
+    const int64_t H = W - 1;
+    for (int64_t c = 0; c < C; c++) {
+        real *w = win + c * H;
+        for (int64_t j = 0; j < H; j++) /* ascending: reads only ahead of what it writes */
+            w[j] = j + n < H ? w[j + n] : x[(j + n - H) * xs + c];
     }
 }

@@ -29,12 +29,26 @@
     /* y = silu(gate) * up, n elements (y may alias gate). */                               \
     void kd_swiglu_##sfx(real *y, const real *gate, const real *up, int64_t n);             \
     /* The KDA recurrence for T tokens of one sequence (KDA.md §2.6), from state S           \
-     * [HV][K][V] (updated in place). q, k: [T][H][K] already L2-normalised (q also scaled \
-     * by K^-1/2: kd_l2norm); v: [T][HV][V]; g: [T][HV][K] log decay; beta: [T][HV]; \
-     * o: [T][HV][V]. Value head j reads q/k head j / (HV/H). */                             \
+     * [HV][K][V] (updated in place). q, k: [T][H][K] already L2-normalised (q also scaled   \
+     * by K^-1/2: kd_l2norm); v: [T][HV][V]; g: [T][HV][K] log decay; beta: [T][HV];         \
+     * o: [T][HV][V]. Value head j reads q/k head j / (HV/H). Optional outputs (NULL: none):  \
+     * u_out [T][HV][V] the corrections u_t (RecoverSSM records); states_out [T][HV][K][V]   \
+     * the state after each token (the store-all baseline). */                               \
     void kd_kda_recurrent_##sfx(real *o, real *S, const real *q, const real *k, const real *v, \
                                 const real *g, const real *beta, int64_t T, int64_t H,       \
-                                int64_t HV, int64_t K, int64_t V);
+                                int64_t HV, int64_t K, int64_t V, real *u_out,               \
+                                real *states_out);                                           \
+    /* RecoverSSM commit (KDA.md §4): folds records t_begin..t_end-1 into S [HV][K][V]:      \
+     * S <- diag(exp g_t) S + khat_t u_t^T, with khat = L2norm(raw k) and g = gate(raw g)         \
+     * recomputed exactly as the verify did. kg: [T][HV][2K] raw key then raw gate per value \
+     * head; u: [T][HV][V]. work: 2K elements. */                                           \
+    void kd_kda_fold_##sfx(real *S, const real *kg, const real *u, const real *A_log,         \
+                           const real *dt_bias, int64_t HV, int64_t K, int64_t V,            \
+                           int64_t t_begin, int64_t t_end, int use_lower_bound,              \
+                           double lower_bound, real *work);                                  \
+    /* Conv window fold: win [C][W-1] becomes the last W-1 inputs of (win, x_0..x_{n-1}),    \
+     * x: [n][C] (row stride xs). */                                                         \
+    void kd_conv_fold_##sfx(real *win, const real *x, int64_t xs, int64_t n, int64_t C, int W);
 
 KD_OPS_DECLARE(float, f32)
 KD_OPS_DECLARE(double, f64)

@@ -31,7 +31,7 @@ static int bench_model(const char *dir, const char *name, int prompt_len, result
     kd_backend *be = kd_cpu_backend_create(0, &err);
     const kd_config *c = &m->config;
     if (!be || kd_backend_load(be, c, &m->tensors, &err) ||
-        kd_backend_reserve(be, 8, 8, prompt_len, &err)) {
+        kd_backend_reserve(be, 8, 8, prompt_len, 8, KD_COMMIT_DEFERRED, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         kd_backend_free(be), kd_model_close(m);
         return -1;
@@ -53,7 +53,7 @@ static int bench_model(const char *dir, const char *name, int prompt_len, result
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) {
         kd_backend_reset_slot(be, 0, NULL);
-        kd_batch_row row = {0, prompt_len, KD_LOGITS_LAST};
+        kd_batch_row row = {.slot = 0, .n_tokens = prompt_len, .logits = KD_LOGITS_LAST};
         kd_batch b = {1, &row, tok};
         double t = now();
         kd_backend_forward(be, &b, logits, NULL);
@@ -64,7 +64,7 @@ static int bench_model(const char *dir, const char *name, int prompt_len, result
     /* decode: batch 1 and batch 8, 32 steps each after warm-up */
     for (int bs = 1; bs <= 8; bs += 7) {
         kd_batch_row rows[8];
-        for (int i = 0; i < bs; i++) rows[i] = (kd_batch_row){i, 1, KD_LOGITS_LAST};
+        for (int i = 0; i < bs; i++) rows[i] = (kd_batch_row){.slot = i, .n_tokens = 1, .logits = KD_LOGITS_LAST};
         kd_batch b = {bs, rows, tok};
         kd_backend_forward(be, &b, logits, NULL);
         const int steps = 32;

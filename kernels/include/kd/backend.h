@@ -3,13 +3,22 @@
  *
  * Model state lives in the backend, in request slots allocated once by kd_backend_reserve:
  * slots 0..n_slots-1 belong to requests and slot n_slots is the scratch row (rows of a
- * batch that own no request point there). The state of one slot is, per KDA layer, the
- * recurrent state S [HV][K][V] followed by the conv window [3 convs][channels][W-1]
- * (see kd_state_layout), in the backend's state element type.
+ * batch that own no request point there). The *committed* state of one slot is, per KDA
+ * layer, the recurrent state S [HV][K][V] followed by the conv window [3 convs][channels]
+ * [W-1] (kd_state_layout), in the backend's state element type: that is what state_read /
+ * state_write / state_copy move (handoff, prefix cache).
  *
- * A forward call advances each row's slot by that row's tokens, in order, and writes
- * float logits for the positions the row asks for. Rows of one batch must use distinct
- * slots. Prefill in chunks is a sequence of forward calls on the same slot. */
+ * Two kinds of rows (KDA.md §3-5):
+ * - PREFILL: advances the committed state by the row's tokens, in order (chunked prefill
+ *   is a sequence of such rows). The slot must hold no uncommitted verify records.
+ * - VERIFY: a speculative window of 1..max_window tokens (x0 and the drafts). First folds
+ *   `fold` tokens of the slot's previous window into the committed state (the deferred
+ *   RecoverSSM: pending = 1 + accepted of the last step), then runs the window from that
+ *   state without committing it, and keeps per-token records so that any prefix of the
+ *   window can be committed later: by the fold of the next verify, or by kd_backend_commit
+ *   (eager commits, flushes).
+ * In store-all mode (the stock baseline) the records are the full states after each window
+ * position instead, and a fold selects one of them. */
 #ifndef KD_BACKEND_H
 #define KD_BACKEND_H
 
@@ -26,11 +35,28 @@ typedef enum kd_logits_mode {
     KD_LOGITS_ALL = 2   /* logits of every token of the row */
 } kd_logits_mode;
 
+typedef enum kd_row_kind {
+    KD_ROW_PREFILL = 0,
+    KD_ROW_VERIFY = 1
+} kd_row_kind;
+
 typedef struct kd_batch_row {
     int32_t slot;     /* 0..n_slots (n_slots = scratch row) */
-    int32_t n_tokens; /* >= 1; this row's tokens are consecutive in kd_batch.tokens */
+    int32_t n_tokens; /* >= 1 (<= max_window for VERIFY); consecutive in kd_batch.tokens */
     int32_t logits;   /* kd_logits_mode */
+    int32_t kind;     /* kd_row_kind */
+    int32_t fold;     /* VERIFY: tokens of the previous window to commit first (0..its length) */
 } kd_batch_row;
+
+/* How verify windows keep what they did (see the top of this file). */
+typedef enum kd_commit_mode {
+    KD_COMMIT_DEFERRED = 0, /* records; commit folded into the next verify */
+    KD_COMMIT_EAGER = 1,    /* records; the engine commits right after sampling */
+    KD_COMMIT_STORE_ALL = 2 /* one full state per window position (stock approach) */
+} kd_commit_mode;
+
+const char *kd_commit_mode_name(kd_commit_mode m);
+int kd_commit_mode_parse(const char *s, kd_commit_mode *out);
 
 typedef struct kd_batch {
     int32_t n_rows;
@@ -42,8 +68,8 @@ typedef struct kd_batch {
 int64_t kd_batch_logit_rows(const kd_batch *b);
 int64_t kd_batch_tokens(const kd_batch *b);
 /* Validates a batch against the reserved sizes and the vocabulary. */
-int kd_batch_check(const kd_batch *b, int32_t n_slots, int64_t max_tokens, int32_t vocab,
-                   kd_err *err);
+int kd_batch_check(const kd_batch *b, int32_t n_slots, int64_t max_tokens, int32_t max_window,
+                   int32_t vocab, kd_err *err);
 
 /* Layout of one slot's state, in elements of the backend's state type. */
 typedef struct kd_state_layout {
@@ -62,10 +88,11 @@ typedef struct kd_backend_ops {
     void (*destroy)(kd_backend *b);
     /* Copies/converts the weights it needs; the views may be unmapped afterwards. */
     int (*load)(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err *err);
-    /* Allocates n_slots + 1 state slots (zeroed) and work space for batches of up to
-     * max_tokens tokens and max_rows rows. Called once after load. */
+    /* Allocates n_slots + 1 state slots (zeroed, with records for windows of up to
+     * max_window tokens in the given mode) and work space for batches of up to max_tokens
+     * tokens and max_rows rows. Called once after load; sets the fields below. */
     int (*reserve)(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tokens,
-                   kd_err *err);
+                   int32_t max_window, kd_commit_mode mode, kd_err *err);
     /* Zeroes a slot's state (a fresh sequence). */
     int (*reset_slot)(kd_backend *b, int32_t slot, kd_err *err);
     /* Runs a batch; logits: [kd_batch_logit_rows(batch)][vocab] floats. */
@@ -75,6 +102,11 @@ typedef struct kd_backend_ops {
     int (*state_write)(kd_backend *b, int32_t slot, const void *src, size_t bytes, kd_err *err);
     /* Copies slot src's state to slot dst. */
     int (*state_copy)(kd_backend *b, int32_t dst, int32_t src, kd_err *err);
+    /* Commits the first n tokens of the slot's last verify window (dropping the rest).
+     * If 1 <= snap_at <= n, also writes the committed state after snap_at of them to
+     * snap_dst (state bytes, host memory): the exact boundary state for the prefix cache. */
+    int (*commit)(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
+                  kd_err *err);
     /* Waits for queued work (no-op on the CPU). */
     int (*synchronize)(kd_backend *b, kd_err *err);
 } kd_backend_ops;
@@ -87,19 +119,32 @@ struct kd_backend {
     int32_t n_slots;       /* set by reserve (request slots; scratch = n_slots) */
     int32_t max_rows;
     int64_t max_tokens;
+    int32_t max_window;
+    kd_commit_mode mode;
+    size_t slot_bytes;     /* memory per slot: committed state plus records, set by reserve */
+    int32_t *records;      /* [n_slots + 1]: tokens recorded by the slot's last verify and not
+                            * committed or dropped since (0: the state is committed) */
 };
 
 /* Thin wrappers that check arguments before calling the backend. */
 int kd_backend_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err *err);
 int kd_backend_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tokens,
-                       kd_err *err);
+                       int32_t max_window, kd_commit_mode mode, kd_err *err);
+/* Bytes of one slot's memory in a mode, without reserving (capacity planning, benchmarks). */
+size_t kd_slot_bytes(const kd_config *c, int32_t max_window, kd_commit_mode mode,
+                     size_t state_elem_bytes, size_t act_elem_bytes);
 int kd_backend_reset_slot(kd_backend *b, int32_t slot, kd_err *err);
 int kd_backend_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err);
 size_t kd_backend_state_bytes(const kd_backend *b);
 int kd_backend_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err);
 int kd_backend_state_write(kd_backend *b, int32_t slot, const void *src, size_t bytes,
                            kd_err *err);
+/* Tests and debugging: the committed checkpoint of a slot even while a window's records are
+ * pending (deferred and eager modes only; in store-all the checkpoint is not kept apart). */
+int kd_backend_checkpoint_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err);
 int kd_backend_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err);
+int kd_backend_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
+                      kd_err *err);
 void kd_backend_free(kd_backend *b);
 
 /* The CPU reference backend: fp32 (use_f64 = 0) or fp64 throughout (for tests).
