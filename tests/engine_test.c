@@ -567,6 +567,45 @@ START_TEST(test_spec_distribution) {
 }
 END_TEST
 
+/* Caller drafts (the API's entry point): the true continuation is accepted whole, a wrong
+ * one is rejected, and either way the tokens stay the reference's. */
+START_TEST(test_caller_drafts) {
+    kd_model *m = oracle_model("tiny");
+    refbe ref;
+    ref_open(&ref, m, 1);
+    int32_t prompt[9] = {5, 9, 33, 2, 71, 8, 100, 3, 42}, expect[20];
+    ref_greedy(&ref, prompt, 9, 20, expect);
+    for (int wrong = 0; wrong < 2; wrong++) {
+        kd_engine_config cfg;
+        kd_engine_config_defaults(&cfg);
+        cfg.max_seqs = 1, cfg.max_spec = 4, cfg.max_batch_tokens = 32;
+        collector *c = collector_new();
+        kd_backend *be;
+        kd_engine *e = engine_open(m, &cfg, c, &be);
+        kd_err err;
+        kd_request_params p = greedy_params(7, prompt, 9, 20);
+        p.spec_tokens = 4, p.draft = KD_DRAFT_CALLER;
+        ck_assert_int_eq(kd_engine_submit(e, &p, &err), KD_SUBMIT_OK);
+        while (kd_engine_has_work(e)) {
+            const int32_t done = c->o[7].n;
+            int32_t d[4];
+            for (int i = 0; i < 4; i++) d[i] = done + i < 20 ? (expect[done + i] + wrong) % 384 : 0;
+            kd_engine_set_drafts(e, 7, d, 4);
+            ck_assert(kd_engine_step(e, &err) >= 0);
+        }
+        ck_assert_int_eq(c->o[7].n, 20);
+        for (int i = 0; i < 20; i++) ck_assert_int_eq(c->o[7].toks[i], expect[i]);
+        if (wrong) ck_assert_int_eq(c->o[7].usage.accepted, 0);
+        else ck_assert_int_ge(c->o[7].usage.accepted, 15);
+        kd_engine_free(e);
+        kd_backend_free(be);
+        collector_free(c);
+    }
+    ref_close(&ref);
+    kd_model_close(m);
+}
+END_TEST
+
 /* ----------------------------------------------------------------- API misuse */
 
 START_TEST(test_submit_errors) {
@@ -639,6 +678,7 @@ int main(void) {
     tcase_add_test(tc, test_many_requests);
     tcase_add_test(tc, test_spec_distribution);
     tcase_add_test(tc, test_submit_errors);
+    tcase_add_test(tc, test_caller_drafts);
     suite_add_tcase(s, tc);
     return kd_test_run_suite(s);
 }
