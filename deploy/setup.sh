@@ -7,9 +7,11 @@ set -euo pipefail
 packages=(
   bazel-bootstrap bazel-rules-java            # the build (offline Bazel 4.2.3)
   pkg-config gcc g++ python3-numpy            # compilers; numpy for the float64 reference
-  libjansson-dev libopenblas-dev libxxhash-dev # JSON, CPU BLAS, checksums
+  libjansson-dev libopenblas-dev libxxhash-dev libmicrohttpd-dev # JSON, CPU BLAS, checksums, metrics HTTP
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler  # the API
-  check                                        # unit tests
+  check yamllint                               # unit tests; YAML lint (deploy/k8s)
+  clang libclang-rt-14-dev                     # fuzz tests (libFuzzer, ASan, UBSan): tests/fuzz
+  libgrpc++-dev protobuf-compiler-grpc         # reference C++ gRPC server: tests/bench/grpc
 )
 
 missing=()
@@ -32,4 +34,17 @@ fi
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "setup: the CUDA toolkit is missing at /usr/local/cuda (needed to build kernels/cuda)" >&2
   exit 1
+fi
+
+# Node.js dependencies of the service tests (tests/service/node: @grpc/grpc-js, proto-loader),
+# pinned by its package-lock.json; installed once, from the npm registry.
+node_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/service/node"
+if [[ -f $node_dir/package-lock.json && ! -d $node_dir/node_modules ]]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "setup: installing the Node test dependencies (npm ci --prefix tests/service/node)" >&2
+    npm ci --prefix "$node_dir" --ignore-scripts --no-audit --no-fund
+  else
+    echo "setup: npm is missing; the Node service tests need it (apt-get install nodejs npm)" >&2
+    exit 1
+  fi
 fi

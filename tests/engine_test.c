@@ -606,6 +606,79 @@ START_TEST(test_caller_drafts) {
 }
 END_TEST
 
+/* The disaggregated path at the engine level: a prefill engine runs the prompt and samples
+ * the first token, exporting the state; a decode engine reserves a slot, takes the state and
+ * continues from the first token: the tokens are the reference's, no prompt token runs twice
+ * (the decode engine never prefills), and the exported state holds exactly the prompt. */
+START_TEST(test_handoff) {
+    kd_model *m = oracle_model("tiny");
+    refbe ref;
+    ref_open(&ref, m, 1);
+    kd_test_rng rng;
+    kd_test_rng_init(&rng, kd_test_seed() + 99);
+    for (int round = 0; round < 6; round++) {
+        int32_t prompt[80], expect[30];
+        const int32_t n = 1 + (int32_t)(kd_test_rng_u64(&rng) % 70), gen = 2 + (int32_t)(kd_test_rng_u64(&rng) % 25);
+        for (int i = 0; i < n; i++) prompt[i] = (int32_t)(kd_test_rng_u64(&rng) % 384);
+        ref_greedy(&ref, prompt, n, gen, expect);
+        kd_engine_config cfg;
+        kd_engine_config_defaults(&cfg);
+        cfg.max_seqs = 2, cfg.max_spec = 3, cfg.max_batch_tokens = 64;
+        if (round % 2) cfg.prefix_block = 16, cfg.prefix_cache_bytes = 1 << 24;
+        collector *cp = collector_new(), *cd = collector_new();
+        kd_backend *bp, *bd;
+        kd_engine *ep = engine_open(m, &cfg, cp, &bp), *ed = engine_open(m, &cfg, cd, &bd);
+        const size_t sb = kd_backend_state_bytes(bp);
+        void *state = malloc(sb);
+        kd_err err;
+        kd_request_params p = greedy_params(1, prompt, n, 1);
+        p.export_state = state, p.spec_tokens = round % 4, p.draft = KD_DRAFT_NGRAM;
+        ck_assert_int_eq(kd_engine_submit(ep, &p, &err), KD_SUBMIT_OK);
+        run_to_end(ep);
+        ck_assert_int_eq(cp->o[1].n, 1);
+        ck_assert_int_eq(cp->o[1].toks[0], expect[0]);
+        /* the exported state is the state after exactly the prompt */
+        kd_backend_reset_slot(ref.be, 0, NULL);
+        ref_feed(&ref, 0, prompt, n);
+        float *want = malloc(sb);
+        kd_backend_state_read(ref.be, 0, want, sb, NULL);
+        ck_assert_msg(state_rel(state, want, sb / 4) < 1e-5, "exported state differs");
+        int32_t slot = kd_engine_reserve_slot(ed);
+        ck_assert_int_ge(slot, 0);
+        ck_assert_int_eq(kd_backend_state_write(bd, slot, state, sb, &err), 0);
+        int32_t with_first[81];
+        memcpy(with_first, prompt, (size_t)n * sizeof *prompt);
+        with_first[n] = cp->o[1].toks[0];
+        kd_request_params q = greedy_params(2, with_first, n + 1, gen - 1);
+        q.spec_tokens = 3, q.draft = KD_DRAFT_NGRAM;
+        ck_assert_msg(kd_engine_submit_reserved(ed, slot, &q, &err) == KD_SUBMIT_OK, "%s", err.msg);
+        run_to_end(ed);
+        ck_assert_int_eq(cd->o[2].n, gen - 1);
+        for (int i = 0; i < gen - 1; i++) ck_assert_int_eq(cd->o[2].toks[i], expect[i + 1]);
+        kd_engine_stats st;
+        kd_engine_stats_get(ed, &st);
+        ck_assert_int_eq(st.prefill_tokens, 0); /* nothing of the prompt ran again */
+        ck_assert_int_eq(st.slots_used, 0);
+        /* reserve/release bookkeeping: both slots reservable, then none, then release */
+        int32_t a = kd_engine_reserve_slot(ed), b = kd_engine_reserve_slot(ed);
+        ck_assert(a >= 0 && b >= 0 && a != b);
+        ck_assert_int_eq(kd_engine_reserve_slot(ed), -1);
+        kd_engine_stats_get(ed, &st);
+        ck_assert_int_eq(st.slots_used, 2);
+        ck_assert_int_eq(kd_engine_release_slot(ed, a), 0);
+        ck_assert_int_eq(kd_engine_release_slot(ed, a), -1);
+        ck_assert_int_eq(kd_engine_submit_reserved(ed, a, &q, &err), KD_SUBMIT_INVALID);
+        kd_engine_release_slot(ed, b);
+        free(state), free(want);
+        kd_engine_free(ep), kd_engine_free(ed);
+        kd_backend_free(bp), kd_backend_free(bd);
+        collector_free(cp), collector_free(cd);
+    }
+    ref_close(&ref);
+    kd_model_close(m);
+}
+END_TEST
+
 /* ----------------------------------------------------------------- API misuse */
 
 START_TEST(test_submit_errors) {
@@ -679,6 +752,7 @@ int main(void) {
     tcase_add_test(tc, test_spec_distribution);
     tcase_add_test(tc, test_submit_errors);
     tcase_add_test(tc, test_caller_drafts);
+    tcase_add_test(tc, test_handoff);
     suite_add_tcase(s, tc);
     return kd_test_run_suite(s);
 }

@@ -30,6 +30,7 @@ typedef struct req {
     double corrupt;
     int32_t *caller_drafts, n_caller_drafts;
     kd_usage usage;
+    void *export_state;
 } req;
 
 struct kd_engine {
@@ -40,6 +41,7 @@ struct kd_engine {
     int32_t vocab;
     size_t state_bytes;
     req **slots;                  /* [max_seqs] */
+    uint8_t *reserved;            /* [max_seqs]: held for an arriving handoff */
     req **queue;                  /* FIFO ring [q_cap]: admitted at the next step if a slot is free */
     int32_t q_head, q_len, q_cap; /* q_cap = max_seqs + max_queue */
     kd_prefix_cache *pc;
@@ -118,7 +120,7 @@ void kd_engine_free(kd_engine *e) {
         free(r->tokens), free(r->stop), free(r->oracle), free(r->caller_drafts), free(r);
     }
     kd_prefix_cache_free(e->pc);
-    free(e->slots), free(e->queue), free(e->rows), free(e->row_req), free(e->btok);
+    free(e->slots), free(e->reserved), free(e->queue), free(e->rows), free(e->row_req), free(e->btok);
     free(e->emit), free(e->order), free(e->logits), free(e->probs), free(e->snap);
     free(e);
 }
@@ -141,6 +143,7 @@ kd_engine *kd_engine_create(kd_backend *be, uint64_t model_fingerprint, const kd
     e->state_bytes = kd_backend_state_bytes(be);
     const size_t V = (size_t)e->vocab, W = (size_t)(1 + cfg->max_spec);
     e->slots = calloc((size_t)cfg->max_seqs, sizeof *e->slots);
+    e->reserved = calloc((size_t)cfg->max_seqs, 1);
     e->q_cap = cfg->max_seqs + cfg->max_queue;
     e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
     e->rows = calloc((size_t)max_rows, sizeof *e->rows);
@@ -151,7 +154,7 @@ kd_engine *kd_engine_create(kd_backend *be, uint64_t model_fingerprint, const kd
     e->probs = calloc(V, sizeof *e->probs);
     e->logits = malloc((size_t)cfg->max_seqs * W * V * sizeof *e->logits);
     e->snap = malloc(e->state_bytes);
-    if (!e->slots || !e->queue || !e->rows || !e->row_req || !e->btok || !e->emit || !e->order ||
+    if (!e->slots || !e->reserved || !e->queue || !e->rows || !e->row_req || !e->btok || !e->emit || !e->order ||
         !e->probs || !e->logits || !e->snap) {
         kd_engine_free(e);
         return kd_fail(err, "engine: out of memory"), NULL;
@@ -188,7 +191,8 @@ static int32_t *dup_ids(const int32_t *p, int64_t n) {
     return d;
 }
 
-kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_err *err) {
+/* Checks a request and builds it (not yet queued or placed). */
+static kd_submit_status make_request(kd_engine *e, const kd_request_params *p, req **out, kd_err *err) {
     const char *why;
     const int32_t V = e->vocab;
     if (!p->prompt || p->n_prompt < 1)
@@ -210,7 +214,7 @@ kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_e
                        p->spec_tokens, e->cfg.max_spec), KD_SUBMIT_INVALID;
     if (p->draft < KD_DRAFT_NONE || p->draft > KD_DRAFT_ORACLE)
         return kd_fail(err, "request %llu: unknown draft source", (unsigned long long)p->id), KD_SUBMIT_INVALID;
-    if (p->ngram_min < 0 || p->ngram_max < 0 || p->ngram_max > 64 ||
+    if (p->ngram_min < 0 || p->ngram_max < 0 || p->ngram_min > 64 || p->ngram_max > 64 ||
         (p->ngram_min && p->ngram_max && p->ngram_max < p->ngram_min))
         return kd_fail(err, "request %llu: bad ngram sizes", (unsigned long long)p->id), KD_SUBMIT_INVALID;
     if (p->n_stop < 0 || p->n_stop > 1024 || (p->n_stop && !p->stop_ids))
@@ -230,12 +234,6 @@ kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_e
                    KD_SUBMIT_INVALID;
     if (find(e, p->id))
         return kd_fail(err, "request %llu: id already in use", (unsigned long long)p->id), KD_SUBMIT_DUPLICATE;
-    int32_t free_slots = 0;
-    for (int32_t s = 0; s < e->cfg.max_seqs; s++) free_slots += !e->slots[s];
-    if (e->q_len >= free_slots + e->cfg.max_queue || e->q_len >= e->q_cap)
-        return kd_fail(err, "request %llu: queue full (%d waiting)", (unsigned long long)p->id, e->q_len),
-               KD_SUBMIT_BUSY;
-
     req *r = calloc(1, sizeof *r);
     if (!r) return kd_fail(err, "out of memory"), KD_SUBMIT_NOMEM;
     r->id = p->id;
@@ -266,8 +264,55 @@ kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_e
     r->n_oracle = p->n_oracle;
     r->corrupt = p->oracle_corrupt;
     r->usage.prompt_tokens = p->n_prompt;
+    r->export_state = p->export_state;
+    *out = r;
+    return KD_SUBMIT_OK;
+}
+
+kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_err *err) {
+    int32_t free_slots = 0;
+    for (int32_t s = 0; s < e->cfg.max_seqs; s++) free_slots += !e->slots[s] && !e->reserved[s];
+    if (e->q_len >= free_slots + e->cfg.max_queue || e->q_len >= e->q_cap)
+        return kd_fail(err, "request %llu: queue full (%d waiting)", (unsigned long long)p->id, e->q_len),
+               KD_SUBMIT_BUSY;
+    req *r;
+    kd_submit_status rc = make_request(e, p, &r, err);
+    if (rc != KD_SUBMIT_OK) return rc;
     e->queue[(e->q_head + e->q_len) % e->q_cap] = r;
     e->q_len++;
+    return KD_SUBMIT_OK;
+}
+
+int32_t kd_engine_reserve_slot(kd_engine *e) {
+    for (int32_t s = 0; s < e->cfg.max_seqs; s++)
+        if (!e->slots[s] && !e->reserved[s]) {
+            kd_err err;
+            if (kd_backend_reset_slot(e->be, s, &err)) return -1;
+            e->reserved[s] = 1;
+            return s;
+        }
+    return -1;
+}
+
+int kd_engine_release_slot(kd_engine *e, int32_t slot) {
+    if (slot < 0 || slot >= e->cfg.max_seqs || !e->reserved[slot]) return -1;
+    e->reserved[slot] = 0;
+    return 0;
+}
+
+kd_submit_status kd_engine_submit_reserved(kd_engine *e, int32_t slot, const kd_request_params *p, kd_err *err) {
+    if (slot < 0 || slot >= e->cfg.max_seqs || !e->reserved[slot])
+        return kd_fail(err, "slot %d is not reserved", slot), KD_SUBMIT_INVALID;
+    if (p->n_prompt < 2)
+        return kd_fail(err, "a handed-over request needs its prompt and first token"), KD_SUBMIT_INVALID;
+    req *r;
+    kd_submit_status rc = make_request(e, p, &r, err);
+    if (rc != KD_SUBMIT_OK) return rc;
+    e->reserved[slot] = 0;
+    e->slots[slot] = r;
+    r->slot = slot;
+    r->committed = r->n_prompt - 1;
+    r->state = R_DECODE;
     return KD_SUBMIT_OK;
 }
 
@@ -323,12 +368,17 @@ static int near_boundary(const kd_engine *e, const req *r, int32_t window) {
 /* Ends a request: commit what is pending (a flush trigger), free its slot, report. */
 static void finish(kd_engine *e, req *r, kd_finish why, const int32_t *toks, int32_t n) {
     kd_err err;
+    int exported = 0;
     if (r->slot >= 0) {
         if (flush(e, r, &err)) why = KD_FINISH_ERROR;
+        if (r->export_state && why != KD_FINISH_ERROR && why != KD_FINISH_ABORT &&
+            kd_backend_state_read(e->be, r->slot, r->export_state, e->state_bytes, &err) == 0)
+            exported = 1;
         e->slots[r->slot] = NULL;
     }
     r->usage.completion_tokens = r->generated;
-    kd_event ev = {.id = r->id, .tokens = toks, .n_tokens = n, .finish = why, .usage = r->usage};
+    kd_event ev = {.id = r->id, .tokens = toks, .n_tokens = n, .finish = why, .usage = r->usage,
+                   .exported = exported, .exported_tokens = r->committed};
     if (e->on_event) e->on_event(e->ctx, &ev);
     req_free(r);
 }
@@ -356,7 +406,7 @@ int kd_engine_abort(kd_engine *e, uint64_t id) {
 
 static int admit(kd_engine *e, kd_err *err) {
     for (int32_t s = 0; s < e->cfg.max_seqs && e->q_len > 0; s++) {
-        if (e->slots[s]) continue;
+        if (e->slots[s] || e->reserved[s]) continue;
         req *r = e->queue[e->q_head];
         e->q_head = (e->q_head + 1) % e->q_cap;
         e->q_len--;
@@ -560,7 +610,7 @@ int kd_engine_has_work(const kd_engine *e) {
 void kd_engine_stats_get(const kd_engine *e, kd_engine_stats *out) {
     *out = e->st;
     out->slots_used = 0;
-    for (int32_t s = 0; s < e->cfg.max_seqs; s++) out->slots_used += e->slots[s] != NULL;
+    for (int32_t s = 0; s < e->cfg.max_seqs; s++) out->slots_used += e->slots[s] != NULL || e->reserved[s];
     out->waiting = e->q_len;
     if (e->pc) kd_prefix_cache_stats(e->pc, &out->prefix);
     else memset(&out->prefix, 0, sizeof out->prefix);

@@ -60,6 +60,9 @@ typedef struct kd_request_params {
     const int32_t *oracle;      /* KD_DRAFT_ORACLE: the continuation to propose (copied) */
     int32_t n_oracle;
     double oracle_corrupt;      /* probability that a proposed token is replaced */
+    void *export_state;         /* if set (kd_backend_state_bytes bytes): the slot's committed
+                                 * state is copied here when the request finishes (the prefill
+                                 * role hands it to a decode worker) */
 } kd_request_params;
 
 typedef enum kd_finish {
@@ -85,6 +88,9 @@ typedef struct kd_event {
     int32_t n_tokens;
     kd_finish finish;           /* NONE while running */
     kd_usage usage;
+    int exported;               /* with the finish: export_state holds the state after every
+                                 * prompt and accepted token but the last emitted one */
+    int64_t exported_tokens;    /* how many tokens that state holds */
 } kd_event;
 
 typedef void (*kd_event_fn)(void *ctx, const kd_event *ev);
@@ -121,6 +127,16 @@ int kd_engine_set_drafts(kd_engine *e, uint64_t id, const int32_t *drafts, int32
  * backend failure (every running request then finishes with KD_FINISH_ERROR). */
 int kd_engine_step(kd_engine *e, kd_err *err);
 int kd_engine_has_work(const kd_engine *e);
+
+/* Disaggregation (a state computed by a prefill worker). A reserved slot belongs to no
+ * request until claimed; admission skips it. Returns the slot or -1 if none is free. */
+int32_t kd_engine_reserve_slot(kd_engine *e);
+/* Frees a reserved, unclaimed slot (expired lease, abort, failed transfer). */
+int kd_engine_release_slot(kd_engine *e, int32_t slot);
+/* Starts a request in a reserved slot whose committed state holds p->prompt but its last
+ * token: p->prompt is the prompt followed by the first token the prefill worker sampled,
+ * which becomes x0 of the first verify window (no prompt token runs again). */
+kd_submit_status kd_engine_submit_reserved(kd_engine *e, int32_t slot, const kd_request_params *p, kd_err *err);
 void kd_engine_stats_get(const kd_engine *e, kd_engine_stats *out);
 
 /* Test hooks: a live request's slot (-1 if waiting/unknown), its committed and pending token

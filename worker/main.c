@@ -5,11 +5,13 @@
 #include "kd/backend.h"
 #include "worker/mkmodel.h"
 #include "worker/run.h"
+#include "worker/server.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kdecode <command> [flags]\n"
             "commands:\n"
+            "  serve     run the gRPC decode worker\n"
             "  run       generate tokens offline from a checkpoint (CPU backend)\n"
             "  mkmodel   write a random checkpoint from a preset (--list to see them)\n"
             "  devices   print the CUDA devices and library versions this build sees (JSON)\n"
@@ -24,6 +26,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return kd_run_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return kd_serve_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel")) return kd_mkmodel_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) {
         if (argc > 2) {

@@ -56,6 +56,10 @@ const kd_preset kd_presets[] = {
                             "D=2304 L=20 H=32 K=V=128 vocab 163840 conv 4, dense MLP 9216 in "
                             "place of the MoE; softplus gate, untied (~2.8B params, ~5.6 GB)",
      KD_CFG(2304, 20, 32, 32, 128, 128, 4, 1, 9216, 163840, 0, 0.0, 0, 0)},
+    {"kimi-linear-48b-state", "the recurrent state of kimi-linear-48b-kda (L=20 H=HV=32 K=V=128 "
+                              "conv 4: 42.8 MiB per request) on a narrow model (D=64 MLP 128 vocab "
+                              "1024), for handoff and state-traffic benchmarks on any machine",
+     KD_CFG(64, 20, 32, 32, 128, 128, 4, 1, 128, 1024, 0, 0.0, 0, 0)},
     {NULL, NULL, {0}},
 };
 

@@ -224,6 +224,29 @@ int kd_backend_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) 
     return 0;
 }
 
+static int check_range(const kd_backend *b, size_t offset, size_t len, const char *what, kd_err *err) {
+    const size_t total = kd_backend_state_bytes(b);
+    if (offset > total || len > total - offset)
+        return kd_fail(err, "%s: bytes [%zu, +%zu) outside the state of %zu bytes", what, offset, len, total);
+    return 0;
+}
+
+int kd_backend_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len,
+                                kd_err *err) {
+    if (check_slot(b, slot, err) || check_range(b, offset, len, "state write", err)) return -1;
+    if (len == 0) return 0;
+    if (b->ops->state_write_part(b, slot, offset, src, len, err)) return -1;
+    b->records[slot] = 0;
+    return 0;
+}
+
+int kd_backend_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err) {
+    if (check_slot(b, slot, err) || check_committed(b, slot, "state hash", err) ||
+        check_range(b, offset, len, "state hash", err))
+        return -1;
+    return b->ops->state_hash(b, slot, offset, len, out, err);
+}
+
 void kd_backend_free(kd_backend *b) {
     if (!b) return;
     free(b->records);

@@ -10,6 +10,7 @@
 #include <cblas.h>
 #undef I /* cblas.h pulls in complex.h */
 #include <stdlib.h>
+#include <xxhash.h>
 
 #include "kd/backend.h"
 #include "kernels/cpu/ops.h"
@@ -418,6 +419,19 @@ static int cpu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) 
     return 0;
 }
 
+static int cpu_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len,
+                                kd_err *err) {
+    (void)err;
+    memcpy((char *)slot_state(SELF(b), slot) + offset, src, len);
+    return 0;
+}
+
+static int cpu_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err) {
+    (void)err;
+    *out = XXH3_64bits((const char *)slot_state(SELF(b), slot) + offset, len);
+    return 0;
+}
+
 static int cpu_synchronize(kd_backend *b, kd_err *err) {
     (void)b, (void)err;
     return 0;
@@ -438,6 +452,8 @@ static const kd_backend_ops cpu_ops = {
     .state_write = cpu_state_write,
     .state_copy = cpu_state_copy,
     .commit = cpu_commit,
+    .state_write_part = cpu_state_write_part,
+    .state_hash = cpu_state_hash,
     .synchronize = cpu_synchronize,
 };
 

@@ -102,6 +102,13 @@ typedef struct kd_backend_ops {
     int (*state_write)(kd_backend *b, int32_t slot, const void *src, size_t bytes, kd_err *err);
     /* Copies slot src's state to slot dst. */
     int (*state_copy)(kd_backend *b, int32_t dst, int32_t src, kd_err *err);
+    /* Writes bytes [offset, offset + len) of a slot's committed state (a handoff arriving in
+     * chunks; on a GPU through a staging buffer into device memory). */
+    int (*state_write_part)(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len,
+                            kd_err *err);
+    /* XXH3-64 of bytes [offset, offset + len) of a slot's committed state, computed where the
+     * state lives: what landed in the slot, not what was sent. */
+    int (*state_hash)(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err);
     /* Commits the first n tokens of the slot's last verify window (dropping the rest).
      * If 1 <= snap_at <= n, also writes the committed state after snap_at of them to
      * snap_dst (state bytes, host memory): the exact boundary state for the prefix cache. */
@@ -143,6 +150,9 @@ int kd_backend_state_write(kd_backend *b, int32_t slot, const void *src, size_t 
  * pending (deferred and eager modes only; in store-all the checkpoint is not kept apart). */
 int kd_backend_checkpoint_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err);
 int kd_backend_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err);
+int kd_backend_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len,
+                                kd_err *err);
+int kd_backend_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err);
 int kd_backend_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
                       kd_err *err);
 void kd_backend_free(kd_backend *b);
@@ -150,6 +160,12 @@ void kd_backend_free(kd_backend *b);
 /* The CPU reference backend: fp32 (use_f64 = 0) or fp64 throughout (for tests).
  * Matrix products go through OpenBLAS on all cores. */
 kd_backend *kd_cpu_backend_create(int use_f64, kd_err *err);
+
+/* The CUDA backend on device 0: activations fp32 (act_bf16 = 0: fp32 weights, SGEMM; the
+ * reference mode) or bf16 (bf16 weights and GEMM inputs, fp32 accumulation and outputs);
+ * norms, gates, recurrence and the state in fp32 (state_dtype KD_F32). NULL with a message
+ * when no device is usable. */
+kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err);
 
 /* CUDA: number of usable devices (0 without a GPU or driver; never fails). */
 int kd_cuda_device_count(void);

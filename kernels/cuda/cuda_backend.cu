@@ -1,0 +1,776 @@
+// cuda_backend.cu: the CUDA backend (kd/backend.h), computing the CPU reference backend's
+// function (cpu/cpu_backend.c) on one device, one stream.
+//
+// Activations: fp32 (act_bf16 = 0: weights converted to fp32 on upload, cuBLAS SGEMM; the
+// reference mode) or bf16 (GEMM weights bf16 on the device, GEMM inputs bf16 through
+// cublasGemmEx with CUBLAS_COMPUTE_32F and fp32 outputs). The residual stream, norms, gates,
+// conv and recurrence are fp32 in both; so is the state (state_dtype = KD_F32).
+//
+// Device memory, per layer l (the KDA kernels of kda.cuh index states by slot within one
+// layer's array, so each kind of per-slot buffer is one allocation [L][slots+1][...]):
+//   S      [L][slots+1][HV][K][V]      committed recurrent states
+//   win    [L][slots+1][C][W-1]        committed conv windows (C = 2 H K + HV V)
+//   xrec   [L][slots+1][Tw][C]         conv inputs of the last verify window
+//   rec_u  [L][slots+1][Tw][HV][V]     corrections          (deferred, eager)
+//   rec_kg [L][slots+1][2][Tw][HV][2K] raw key / gate, two alternating buffers (kg_read)
+//   stored [L][slots+1][Tw][HV][K][V]  states after each window position (store-all)
+// A slot's committed state in the export layout [L][S | win] is therefore 2 L pieces; the
+// state calls copy piece by piece (state_pieces).
+//
+// Per forward: one upload of the batch's metadata (tokens, per-token rows, fold lists,
+// verify rows, prefill rows, logit rows) from a pinned staging buffer, then per layer the
+// kernels of ops.cuh, kd_kda_prepare, kd_kda_verify (verify rows) and kd_cu_prefill (prefill
+// rows), cuBLAS GEMMs, and at the end the head GEMM in chunks of rows, copied to the host's
+// logits. Everything is allocated in create / load / reserve.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "kd/backend.h"
+#include "kernels/cuda/kda.cuh"
+#include "kernels/cuda/ops.cuh"
+
+namespace {
+
+constexpr size_t kBlasWorkspace = 32u << 20;
+constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
+constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
+constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
+
+struct cu_layer {
+    float *attn_norm, *conv, *A_log, *dt_bias, *g1_bias, *o_norm, *mlp_norm;
+    void *w_in;   // [P][D]  q | k | v | f_proj.0 | g_proj.0 | b_proj
+    void *f1;     // [HV K][V]
+    void *g1;     // [HV V][V]
+    void *w_o;    // [D][HV V]
+    void *w_gu;   // [2 I][D]  gate | up
+    void *w_down; // [D][I]
+};
+
+// Offsets (bytes) of the sections of the per-call metadata block.
+struct meta_layout {
+    size_t tokens, toks, vfolds, pfolds, vrows, prows, lrows, crows, cfolds, total;
+};
+
+struct cu_backend {
+    kd_backend base;
+    int bf16, dev;
+    size_t wsz; // bytes of a weight / activation element fed to GEMMs (4 or 2)
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    // allocations to free (device and pinned host)
+    void **dallocs;
+    size_t n_dallocs, cap_dallocs;
+    void *pinned_meta, *pinned_stage;
+    // model
+    int64_t D, H, HV, K, V, FF, W, Hw, QK, VD, P, C, vocab;
+    cu_layer *layers;
+    void *embed, *head;
+    float *final_norm;
+    // slots
+    int64_t slots1; // n_slots + 1
+    float *S, *win, *xrec, *rec_u, *rec_kg, *stored;
+    int64_t lS, lwin, lxrec, lrec_u, lrec_kg, lstored; // per-layer strides (elements)
+    int32_t *kg_read; // host [slots1]: which key/gate buffer holds the slot's last window
+    // work space
+    float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *decay, *beta, *o, *gu, *lg, *snap;
+    void *h, *fg0, *ob, *act, *sel;
+    int64_t lg_rows;
+    meta_layout ml;
+    unsigned char *meta_dev;
+};
+
+cu_backend *SELF(kd_backend *b) { return (cu_backend *)b; }
+
+#define CU(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess)                                                                    \
+            return kd_fail(err, "cuda backend: %s: %s (%s)", #call, cudaGetErrorString(e_),       \
+                           cudaGetErrorName(e_));                                                 \
+    } while (0)
+
+#define KDA(call)                                                                                 \
+    do {                                                                                          \
+        cudaError_t e_ = (cudaError_t)(call);                                                     \
+        if (e_ != cudaSuccess)                                                                    \
+            return kd_fail(err, "cuda backend: %s: %s (%s)", #call, cudaGetErrorString(e_),       \
+                           cudaGetErrorName(e_));                                                 \
+    } while (0)
+
+#define BLAS(call)                                                                                \
+    do {                                                                                          \
+        cublasStatus_t s_ = (call);                                                               \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return kd_fail(err, "cuda backend: %s: %s", #call, cublasGetStatusString(s_));        \
+    } while (0)
+
+int track(cu_backend *cb, void *p, kd_err *err) {
+    if (cb->n_dallocs == cb->cap_dallocs) {
+        size_t cap = cb->cap_dallocs ? 2 * cb->cap_dallocs : 64;
+        void **n = (void **)realloc(cb->dallocs, cap * sizeof *n);
+        if (!n) {
+            cudaFree(p);
+            return kd_fail(err, "cuda backend: out of host memory");
+        }
+        cb->dallocs = n, cb->cap_dallocs = cap;
+    }
+    cb->dallocs[cb->n_dallocs++] = p;
+    return 0;
+}
+
+// Device allocation of n elements of `elem` bytes (at least one element), zeroed.
+int dalloc(cu_backend *cb, void **out, int64_t n, size_t elem, const char *what, kd_err *err) {
+    *out = NULL;
+    if (n < 1) n = 1;
+    const size_t bytes = (size_t)n * elem;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        return kd_fail(err, "cuda backend: cudaMalloc of %zu bytes for %s: %s", bytes, what,
+                       cudaGetErrorString(e));
+    }
+    if (track(cb, *out, err)) return *out = NULL, -1;
+    CU(cudaMemset(*out, 0, bytes));
+    return 0;
+}
+
+template <class T>
+int dalloc_t(cu_backend *cb, T **out, int64_t n, size_t elem, const char *what, kd_err *err) {
+    void *p;
+    int rc = dalloc(cb, &p, n, elem, what, err);
+    *out = (T *)p;
+    return rc;
+}
+
+void free_all(cu_backend *cb) {
+    if (cb->dev >= 0) cudaSetDevice(cb->dev);
+    if (cb->stream) cudaStreamSynchronize(cb->stream);
+    for (size_t i = 0; i < cb->n_dallocs; i++) cudaFree(cb->dallocs[i]);
+    free(cb->dallocs);
+    cb->dallocs = NULL, cb->n_dallocs = cb->cap_dallocs = 0;
+    if (cb->pinned_meta) cudaFreeHost(cb->pinned_meta);
+    if (cb->pinned_stage) cudaFreeHost(cb->pinned_stage);
+    cb->pinned_meta = cb->pinned_stage = NULL;
+    free(cb->layers);
+    cb->layers = NULL;
+    free(cb->kg_read);
+    cb->kg_read = NULL;
+}
+
+void cu_destroy(kd_backend *b) {
+    cu_backend *cb = SELF(b);
+    free_all(cb);
+    if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->blas_ws) cudaFree(cb->blas_ws);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    (void)cudaGetLastError();
+    free(cb);
+}
+
+// ----------------------------------------------------------------------------- load
+
+// Uploads tensor t (numel must be n) to dst + off elements, converted to fp32 or bf16.
+int upload(cu_backend *cb, void *dst, int64_t off, int to_bf16, const kd_tensor *t, int64_t n,
+           const char *what, int32_t layer, kd_err *err) {
+    (void)cb;
+    if (!t->data || kd_tensor_numel(t) != n)
+        return kd_fail(err, "cuda backend: layer %d %s: %s (expected %lld elements)", layer, what,
+                       t->data ? "wrong size" : "missing", (long long)n);
+    const int64_t chunk = 1 << 20;
+    float *f = (float *)malloc((size_t)chunk * sizeof(float));
+    uint16_t *hb = to_bf16 ? (uint16_t *)malloc((size_t)chunk * sizeof(uint16_t)) : NULL;
+    if (!f || (to_bf16 && !hb)) {
+        free(f), free(hb);
+        return kd_fail(err, "cuda backend: out of host memory uploading %s", what);
+    }
+    const size_t es = to_bf16 ? 2 : 4;
+    for (int64_t i = 0; i < n; i += chunk) {
+        const int64_t m = n - i < chunk ? n - i : chunk;
+        kd_tensor_to_f32(t, i, m, f);
+        const void *src = f;
+        if (to_bf16) {
+            for (int64_t j = 0; j < m; j++) hb[j] = kd_f32_to_bf16(f[j]);
+            src = hb;
+        }
+        cudaError_t e = cudaMemcpy((char *)dst + (size_t)(off + i) * es, src, (size_t)m * es,
+                                   cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            free(f), free(hb);
+            return kd_fail(err, "cuda backend: cudaMemcpy uploading layer %d %s: %s", layer, what,
+                           cudaGetErrorString(e));
+        }
+    }
+    free(f), free(hb);
+    return 0;
+}
+
+// A new device tensor of n elements from t: fp32, or the GEMM weight type when `gemm`.
+template <class T>
+int take(cu_backend *cb, T **out, const kd_tensor *t, int64_t n, int gemm, const char *what,
+         int32_t layer, kd_err *err) {
+    const int bf = gemm && cb->bf16;
+    if (dalloc_t(cb, out, n, bf ? 2 : 4, what, err)) return -1;
+    return upload(cb, *out, 0, bf, t, n, what, layer, err);
+}
+
+int cu_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    if (cb->layers) return kd_fail(err, "cuda backend: weights already loaded");
+    if (c->head_k != 32 && c->head_k != 64 && c->head_k != 128)
+        return kd_fail(err, "cuda backend: head_dim %d not supported (the KDA kernels take 32, 64, 128)",
+                       c->head_k);
+    if (c->n_v_heads > 65535)
+        return kd_fail(err, "cuda backend: %d value heads, at most 65535", c->n_v_heads);
+    CU(cudaSetDevice(cb->dev));
+    b->config = *c;
+    kd_state_layout_init(&b->layout, c);
+    cb->D = c->hidden, cb->H = c->n_heads, cb->HV = c->n_v_heads, cb->K = c->head_k;
+    cb->V = c->head_v, cb->FF = c->intermediate, cb->vocab = c->vocab;
+    cb->W = c->use_short_conv ? c->conv_size : 0;
+    cb->Hw = c->use_short_conv ? c->conv_size - 1 : 0;
+    cb->QK = kd_config_qk_dim(c), cb->VD = kd_config_v_dim(c);
+    cb->P = 2 * cb->QK + cb->VD + 2 * cb->V + cb->HV;
+    cb->C = 2 * cb->QK + cb->VD;
+    const int64_t D = cb->D, K = cb->K, V = cb->V, HV = cb->HV, FF = cb->FF;
+    cb->layers = (cu_layer *)calloc((size_t)c->n_layers, sizeof *cb->layers);
+    if (!cb->layers) return kd_fail(err, "cuda backend: out of host memory");
+    const size_t ws = cb->wsz;
+    if (take(cb, &cb->embed, &w->embed, (int64_t)c->vocab * D, 1, "embeddings", -1, err) ||
+        take(cb, &cb->final_norm, &w->final_norm, D, 0, "norm", -1, err))
+        goto fail;
+    if (c->tie_embeddings) cb->head = cb->embed;
+    else if (take(cb, &cb->head, &w->lm_head, (int64_t)c->vocab * D, 1, "lm_head", -1, err))
+        goto fail;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const kd_layer_tensors *t = &w->layers[l];
+        cu_layer *L = &cb->layers[l];
+        if (take(cb, &L->attn_norm, &t->attn_norm, D, 0, "attn_norm", l, err) ||
+            take(cb, &L->f1, &t->f_proj1, HV * K * V, 1, "f_proj.1", l, err) ||
+            take(cb, &L->A_log, &t->A_log, HV, 0, "A_log", l, err) ||
+            take(cb, &L->dt_bias, &t->dt_bias, HV * K, 0, "dt_bias", l, err) ||
+            take(cb, &L->g1, &t->g_proj1, HV * V * V, 1, "g_proj.1", l, err) ||
+            take(cb, &L->g1_bias, &t->g_proj1_bias, HV * V, 0, "g_proj.1.bias", l, err) ||
+            take(cb, &L->o_norm, &t->o_norm, V, 0, "o_norm", l, err) ||
+            take(cb, &L->w_o, &t->o_proj, D * HV * V, 1, "o_proj", l, err) ||
+            take(cb, &L->mlp_norm, &t->mlp_norm, D, 0, "mlp_norm", l, err) ||
+            take(cb, &L->w_down, &t->down_proj, D * FF, 1, "down_proj", l, err))
+            goto fail;
+        if (dalloc(cb, &L->w_in, cb->P * D, ws, "fused input projection", err) ||
+            dalloc(cb, &L->w_gu, 2 * FF * D, ws, "fused gate|up", err))
+            goto fail;
+        {
+            const struct {
+                const kd_tensor *t;
+                int64_t rows;
+                const char *what;
+            } in[] = {{&t->q_proj, cb->QK, "q_proj"},  {&t->k_proj, cb->QK, "k_proj"},
+                      {&t->v_proj, cb->VD, "v_proj"},  {&t->f_proj0, V, "f_proj.0"},
+                      {&t->g_proj0, V, "g_proj.0"},    {&t->b_proj, HV, "b_proj"}};
+            int64_t off = 0;
+            for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+                if (upload(cb, L->w_in, off, cb->bf16, in[i].t, in[i].rows * D, in[i].what, l, err))
+                    goto fail;
+                off += in[i].rows * D;
+            }
+        }
+        if (upload(cb, L->w_gu, 0, cb->bf16, &t->gate_proj, FF * D, "gate_proj", l, err) ||
+            upload(cb, L->w_gu, FF * D, cb->bf16, &t->up_proj, FF * D, "up_proj", l, err))
+            goto fail;
+        if (c->use_short_conv) {
+            if (dalloc_t(cb, &L->conv, cb->C * cb->W, 4, "conv weights", err) ||
+                upload(cb, L->conv, 0, 0, &t->q_conv, cb->QK * cb->W, "q_conv1d", l, err) ||
+                upload(cb, L->conv, cb->QK * cb->W, 0, &t->k_conv, cb->QK * cb->W, "k_conv1d", l, err) ||
+                upload(cb, L->conv, 2 * cb->QK * cb->W, 0, &t->v_conv, cb->VD * cb->W, "v_conv1d", l, err))
+                goto fail;
+        }
+    }
+    CU(cudaDeviceSynchronize());
+    return 0;
+fail:
+    free_all(cb);
+    cb->embed = cb->head = NULL, cb->final_norm = NULL;
+    return -1;
+}
+
+// --------------------------------------------------------------------------- reserve
+
+size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
+
+int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tokens, int32_t max_window,
+               kd_commit_mode mode, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    const kd_config *c = &b->config;
+    if (!cb->layers) return kd_fail(err, "cuda backend: reserve before load");
+    if (max_window > kMaxWindow)
+        return kd_fail(err, "cuda backend: verify windows of up to %d tokens requested, the KDA kernels take %d",
+                       max_window, kMaxWindow);
+    if (max_rows > 65535)
+        return kd_fail(err, "cuda backend: %d rows per batch, at most 65535", max_rows);
+    if (max_tokens > (int64_t)1 << 30)
+        return kd_fail(err, "cuda backend: %lld tokens per batch is too many", (long long)max_tokens);
+    CU(cudaSetDevice(cb->dev));
+    const int64_t L = c->n_layers, N = max_tokens, Tw = max_window, HV = cb->HV, K = cb->K, V = cb->V;
+    const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems, S1 = (int64_t)n_slots + 1;
+    const int store_all = mode == KD_COMMIT_STORE_ALL;
+    const int64_t convrec = c->use_short_conv ? cb->C : 0;
+    cb->slots1 = S1;
+    cb->lS = S1 * ssm, cb->lwin = S1 * conv, cb->lxrec = S1 * Tw * convrec;
+    cb->lrec_u = store_all ? 0 : S1 * Tw * HV * V;
+    cb->lrec_kg = store_all ? 0 : S1 * 2 * Tw * HV * 2 * K;
+    cb->lstored = store_all ? S1 * Tw * ssm : 0;
+    free(cb->kg_read);
+    cb->kg_read = (int32_t *)calloc((size_t)S1, sizeof *cb->kg_read);
+    if (!cb->kg_read) return kd_fail(err, "cuda backend: out of host memory");
+    const size_t as = cb->wsz; // activation element fed to GEMMs
+    cb->lg_rows = N < kLogitChunk ? N : kLogitChunk;
+    if (dalloc_t(cb, &cb->S, L * cb->lS, 4, "recurrent states", err) ||
+        dalloc_t(cb, &cb->win, L * cb->lwin, 4, "conv windows", err) ||
+        dalloc_t(cb, &cb->xrec, L * cb->lxrec, 4, "conv input records", err) ||
+        dalloc_t(cb, &cb->rec_u, L * cb->lrec_u, 4, "correction records", err) ||
+        dalloc_t(cb, &cb->rec_kg, L * cb->lrec_kg, 4, "key/gate records", err) ||
+        dalloc_t(cb, &cb->stored, L * cb->lstored, 4, "stored window states", err) ||
+        dalloc_t(cb, &cb->x, N * cb->D, 4, "residual stream", err) ||
+        dalloc(cb, &cb->h, N * cb->D, as, "normed hidden", err) ||
+        dalloc_t(cb, &cb->proj, N * cb->P, 4, "fused projection", err) ||
+        dalloc(cb, &cb->fg0, cb->bf16 ? N * 2 * V : 1, as, "f_proj.0|g_proj.0 (bf16)", err) ||
+        dalloc_t(cb, &cb->graw, N * HV * K, 4, "raw gate", err) ||
+        dalloc_t(cb, &cb->gate, N * cb->VD, 4, "output gate", err) ||
+        dalloc_t(cb, &cb->q, N * cb->QK, 4, "q", err) || dalloc_t(cb, &cb->k, N * cb->QK, 4, "k", err) ||
+        dalloc_t(cb, &cb->v, N * cb->VD, 4, "v", err) || dalloc_t(cb, &cb->braw, N * HV, 4, "raw beta", err) ||
+        dalloc_t(cb, &cb->qn, N * cb->QK, 4, "q normed", err) ||
+        dalloc_t(cb, &cb->kn, N * cb->QK, 4, "k normed", err) ||
+        dalloc_t(cb, &cb->decay, N * HV * K, 4, "decay", err) || dalloc_t(cb, &cb->beta, N * HV, 4, "beta", err) ||
+        dalloc_t(cb, &cb->o, N * cb->VD, 4, "recurrence output", err) ||
+        dalloc(cb, &cb->ob, N * cb->VD, as, "gated norm output", err) ||
+        dalloc_t(cb, &cb->gu, N * 2 * cb->FF, 4, "gate|up", err) ||
+        dalloc(cb, &cb->act, N * cb->FF, as, "swiglu output", err) ||
+        dalloc(cb, &cb->sel, N * cb->D, as, "final norm rows", err) ||
+        dalloc_t(cb, &cb->lg, cb->lg_rows * cb->vocab, 4, "logits", err) ||
+        dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err))
+        return -1;
+    (void)ssm, (void)conv;
+    meta_layout *ml = &cb->ml;
+    size_t off = 0;
+    ml->tokens = off, off = align_up(off + (size_t)N * sizeof(int32_t));
+    ml->toks = off, off = align_up(off + (size_t)N * sizeof(kd_cu_tok));
+    ml->vfolds = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_fold));
+    ml->pfolds = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_fold));
+    ml->vrows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_kda_row));
+    ml->prows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_prow));
+    ml->lrows = off, off = align_up(off + (size_t)N * sizeof(int32_t));
+    ml->crows = off, off = align_up(off + (size_t)L * sizeof(kd_kda_row));
+    ml->cfolds = off, off = align_up(off + 2 * sizeof(kd_cu_fold));
+    ml->total = off;
+    if (dalloc_t(cb, &cb->meta_dev, (int64_t)ml->total, 1, "batch metadata", err)) return -1;
+    CU(cudaMallocHost(&cb->pinned_meta, ml->total));
+    CU(cudaMallocHost(&cb->pinned_stage, kStageBytes));
+    CU(cudaDeviceSynchronize());
+    b->n_slots = n_slots, b->max_rows = max_rows, b->max_tokens = max_tokens;
+    b->max_window = max_window, b->mode = mode;
+    b->slot_bytes = (size_t)(b->layout.slot_elems + L * (Tw * convrec + (store_all ? Tw * ssm : Tw * HV * (V + 4 * K)))) * 4;
+    return 0;
+}
+
+// ---------------------------------------------------------------------- state pieces
+
+// The 2 L pieces of a slot's committed state (export layout [L][S | win], bytes):
+// calls fn(device address, byte offset within [off, off + len), length) for each piece
+// that intersects [off, off + len).
+template <class F>
+int state_pieces(cu_backend *cb, int32_t slot, size_t off, size_t len, F fn) {
+    const kd_state_layout *lay = &cb->base.layout;
+    const size_t ssm_b = (size_t)lay->ssm_elems * 4, conv_b = (size_t)lay->conv_elems * 4;
+    const size_t layer_b = ssm_b + conv_b, end = off + len;
+    for (int32_t l = 0; l < cb->base.config.n_layers; l++) {
+        const size_t base = (size_t)l * layer_b;
+        struct {
+            char *dev;
+            size_t at, n;
+        } p[2] = {{(char *)(cb->S + (size_t)l * cb->lS + (size_t)slot * lay->ssm_elems), base, ssm_b},
+                  {(char *)(cb->win + (size_t)l * cb->lwin + (size_t)slot * lay->conv_elems), base + ssm_b, conv_b}};
+        for (int i = 0; i < 2; i++) {
+            const size_t lo = p[i].at > off ? p[i].at : off, hi = p[i].at + p[i].n < end ? p[i].at + p[i].n : end;
+            if (lo < hi && fn(p[i].dev + (lo - p[i].at), lo - off, hi - lo)) return -1;
+        }
+    }
+    return 0;
+}
+
+int cu_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    CU(cudaSetDevice(cb->dev));
+    if (state_pieces(cb, slot, 0, bytes, [&](char *dev, size_t at, size_t n) {
+            CU(cudaMemcpyAsync((char *)dst + at, dev, n, cudaMemcpyDeviceToHost, cb->stream));
+            return 0;
+        }))
+        return -1;
+    CU(cudaStreamSynchronize(cb->stream));
+    return 0;
+}
+
+int cu_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    CU(cudaSetDevice(cb->dev));
+    if (state_pieces(cb, slot, offset, len, [&](char *dev, size_t at, size_t n) {
+            CU(cudaMemcpyAsync(dev, (const char *)src + at, n, cudaMemcpyHostToDevice, cb->stream));
+            return 0;
+        }))
+        return -1;
+    CU(cudaStreamSynchronize(cb->stream));
+    return 0;
+}
+
+int cu_state_write(kd_backend *b, int32_t slot, const void *src, size_t bytes, kd_err *err) {
+    return cu_state_write_part(b, slot, 0, src, bytes, err);
+}
+
+int cu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    CU(cudaSetDevice(cb->dev));
+    const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems;
+    for (int32_t l = 0; l < b->config.n_layers; l++) {
+        float *S = cb->S + (size_t)l * cb->lS, *w = cb->win + (size_t)l * cb->lwin;
+        CU(cudaMemcpyAsync(S + (size_t)dst * ssm, S + (size_t)src * ssm, (size_t)ssm * 4,
+                           cudaMemcpyDeviceToDevice, cb->stream));
+        if (conv)
+            CU(cudaMemcpyAsync(w + (size_t)dst * conv, w + (size_t)src * conv, (size_t)conv * 4,
+                               cudaMemcpyDeviceToDevice, cb->stream));
+    }
+    CU(cudaStreamSynchronize(cb->stream));
+    return 0;
+}
+
+int cu_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    CU(cudaSetDevice(cb->dev));
+    const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems;
+    for (int32_t l = 0; l < b->config.n_layers; l++) {
+        CU(cudaMemsetAsync(cb->S + (size_t)l * cb->lS + (size_t)slot * ssm, 0, (size_t)ssm * 4, cb->stream));
+        if (conv)
+            CU(cudaMemsetAsync(cb->win + (size_t)l * cb->lwin + (size_t)slot * conv, 0, (size_t)conv * 4,
+                               cb->stream));
+    }
+    CU(cudaStreamSynchronize(cb->stream));
+    return 0;
+}
+
+// XXH3-64 of the bytes, copied to the host through the pinned staging buffer (for now).
+int cu_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    CU(cudaSetDevice(cb->dev));
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) return kd_fail(err, "cuda backend: out of host memory (hash state)");
+    XXH3_64bits_reset(st);
+    int rc = state_pieces(cb, slot, offset, len, [&](char *dev, size_t at, size_t n) {
+        (void)at;
+        for (size_t i = 0; i < n; i += kStageBytes) {
+            const size_t m = n - i < kStageBytes ? n - i : kStageBytes;
+            cudaError_t e = cudaMemcpyAsync(cb->pinned_stage, dev + i, m, cudaMemcpyDeviceToHost, cb->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream);
+            if (e != cudaSuccess)
+                return kd_fail(err, "cuda backend: state hash: cudaMemcpyAsync: %s", cudaGetErrorString(e));
+            XXH3_64bits_update(st, cb->pinned_stage, m);
+        }
+        return 0;
+    });
+    if (rc == 0) *out = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return rc;
+}
+
+int cu_synchronize(kd_backend *b, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    CU(cudaSetDevice(cb->dev));
+    CU(cudaStreamSynchronize(cb->stream));
+    return 0;
+}
+
+// ------------------------------------------------------------------------- forward
+
+// C[M][N] = A[M][K] B[N][K]^T + beta C (row-major, leading dimensions given; A in the
+// activation type, B in the weight type, C fp32).
+int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+         float beta, float *C, int64_t ldc, const char *what, kd_err *err) {
+    if (M <= 0) return 0;
+    if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
+        return kd_fail(err, "cuda backend: GEMM %s too large", what);
+    const float alpha = 1.f;
+    cublasStatus_t s;
+    if (cb->bf16)
+        s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF,
+                         (int)ldb, A, CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
+    else
+        s = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, (const float *)B,
+                        (int)ldb, (const float *)A, (int)lda, &beta, C, (int)ldc);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return kd_fail(err, "cuda backend: %s (GEMM %s, M %lld N %lld K %lld): %s",
+                       cb->bf16 ? "cublasGemmEx" : "cublasSgemm", what, (long long)M, (long long)N, (long long)K,
+                       cublasGetStatusString(s));
+    return 0;
+}
+
+// Offset of an activation-type pointer by n elements.
+void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
+
+kd_kda_args layer_args(cu_backend *cb, int32_t l) {
+    const cu_layer *Ly = &cb->layers[l];
+    const kd_config *c = &cb->base.config;
+    kd_kda_args a;
+    memset(&a, 0, sizeof a);
+    a.H = (int32_t)cb->H, a.HV = (int32_t)cb->HV, a.K = (int32_t)cb->K, a.V = (int32_t)cb->V;
+    a.Tw = cb->base.max_window;
+    a.state = cb->S + (size_t)l * cb->lS;
+    a.rec_u = cb->lrec_u ? cb->rec_u + (size_t)l * cb->lrec_u : NULL;
+    a.rec_kg = cb->lrec_kg ? cb->rec_kg + (size_t)l * cb->lrec_kg : NULL;
+    a.stored = cb->lstored ? cb->stored + (size_t)l * cb->lstored : NULL;
+    a.qn = cb->qn, a.kn = cb->kn, a.decay = cb->decay, a.beta = cb->beta, a.v = cb->v;
+    a.kraw = cb->k, a.graw = cb->graw, a.o = cb->o;
+    a.A_log = Ly->A_log, a.dt_bias = Ly->dt_bias;
+    a.use_lower_bound = c->use_lower_bound, a.allow_neg_eigval = c->allow_neg_eigval;
+    a.lower_bound = (float)c->lower_bound;
+    return a;
+}
+
+kd_kda_mode kda_mode(const cu_backend *cb) {
+    return cb->base.mode == KD_COMMIT_STORE_ALL ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED;
+}
+
+int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    const kd_config *c = &b->config;
+    const meta_layout *ml = &cb->ml;
+    const int64_t N = kd_batch_tokens(batch), D = cb->D, HV = cb->HV, K = cb->K, V = cb->V;
+    const int64_t QK = cb->QK, VD = cb->VD, P = cb->P, FF = cb->FF, C = cb->C;
+    const int conv = c->use_short_conv, folding = conv && cb->Hw > 0;
+    const int bf = cb->bf16;
+    cudaStream_t s = cb->stream;
+    if (N == 0) return 0;
+    CU(cudaSetDevice(cb->dev));
+    // ---- metadata, host side
+    unsigned char *hm = (unsigned char *)cb->pinned_meta;
+    int32_t *tokens = (int32_t *)(hm + ml->tokens), *lrows = (int32_t *)(hm + ml->lrows);
+    kd_cu_tok *toks = (kd_cu_tok *)(hm + ml->toks);
+    kd_cu_fold *vfolds = (kd_cu_fold *)(hm + ml->vfolds), *pfolds = (kd_cu_fold *)(hm + ml->pfolds);
+    kd_kda_row *vrows = (kd_kda_row *)(hm + ml->vrows);
+    kd_cu_prow *prows = (kd_cu_prow *)(hm + ml->prows);
+    int nv = 0, np = 0, nvf = 0, npf = 0, max_len = 0;
+    int64_t M = 0, t0 = 0;
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row *row = &batch->rows[r];
+        const int verify = row->kind == KD_ROW_VERIFY;
+        for (int32_t i = 0; i < row->n_tokens; i++) {
+            tokens[t0 + i] = batch->tokens[t0 + i];
+            toks[t0 + i].slot = row->slot, toks[t0 + i].pos = i;
+            toks[t0 + i].start = (int32_t)t0, toks[t0 + i].verify = verify;
+        }
+        if (verify) {
+            kd_kda_row *vr = &vrows[nv++];
+            memset(vr, 0, sizeof *vr);
+            vr->slot = row->slot, vr->start = (int32_t)t0, vr->len = row->n_tokens, vr->fold = row->fold;
+            vr->kg_read = cb->kg_read[row->slot];
+            if (row->n_tokens > max_len) max_len = row->n_tokens;
+            if (folding && row->fold > 0) vfolds[nvf++] = kd_cu_fold{row->slot, row->fold, -1, 0};
+        } else {
+            prows[np++] = kd_cu_prow{row->slot, (int32_t)t0, row->n_tokens, 0};
+            if (folding) pfolds[npf++] = kd_cu_fold{row->slot, row->n_tokens, (int32_t)t0, 0};
+        }
+        if (row->logits != KD_LOGITS_NONE)
+            for (int32_t i = row->logits == KD_LOGITS_ALL ? 0 : row->n_tokens - 1; i < row->n_tokens; i++)
+                lrows[M++] = (int32_t)(t0 + i);
+        t0 += row->n_tokens;
+    }
+    CU(cudaMemcpyAsync(cb->meta_dev, cb->pinned_meta, ml->total, cudaMemcpyHostToDevice, s));
+    const int32_t *d_tokens = (const int32_t *)(cb->meta_dev + ml->tokens);
+    const int32_t *d_lrows = (const int32_t *)(cb->meta_dev + ml->lrows);
+    const kd_cu_tok *d_toks = (const kd_cu_tok *)(cb->meta_dev + ml->toks);
+    const kd_cu_fold *d_vfolds = (const kd_cu_fold *)(cb->meta_dev + ml->vfolds);
+    const kd_cu_fold *d_pfolds = (const kd_cu_fold *)(cb->meta_dev + ml->pfolds);
+    const kd_kda_row *d_vrows = (const kd_kda_row *)(cb->meta_dev + ml->vrows);
+    const kd_cu_prow *d_prows = (const kd_cu_prow *)(cb->meta_dev + ml->prows);
+
+    // ---- the model
+    KDA(kd_cu_embed(bf, cb->embed, d_tokens, N, D, cb->x, s));
+    const kd_kda_mode kmode = kda_mode(cb);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const cu_layer *Ly = &cb->layers[l];
+        float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
+        // attention block
+        KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
+        if (gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P, "input projection", err)) return -1;
+        const void *fa;
+        int64_t flda;
+        if (bf) {
+            KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, s));
+            fa = cb->fg0, flda = 2 * V;
+        } else {
+            fa = cb->proj + 2 * QK + VD, flda = P;
+        }
+        if (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err) ||
+            gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err))
+            return -1;
+        KDA(kd_cu_copy_cols(0, cb->braw, cb->proj, N, P, 2 * QK + VD + 2 * V, HV, s));
+        if (nvf) KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, xrec, b->max_window, cb->proj, P, s));
+        KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, conv ? Ly->conv : NULL, (int)cb->W, xrec,
+                            b->max_window, cb->q, cb->k, cb->v, s));
+        if (npf) KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, xrec, b->max_window, cb->proj, P, s));
+        KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw, cb->braw,
+                           Ly->A_log, Ly->dt_bias, c->use_lower_bound, (float)c->lower_bound, c->allow_neg_eigval,
+                           cb->qn, cb->kn, cb->decay, cb->beta, s));
+        if (nv) {
+            kd_kda_args a = layer_args(cb, l);
+            a.n_rows = nv, a.rows = d_vrows;
+            KDA(kd_kda_verify(&a, kmode, max_len, s));
+        }
+        if (np)
+            KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->qn,
+                              cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
+        KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
+                                c->norm_eps, s));
+        if (gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err)) return -1;
+        // MLP block
+        KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s));
+        if (gemm(cb, N, 2 * FF, D, cb->h, D, Ly->w_gu, D, 0.f, cb->gu, 2 * FF, "gate|up", err)) return -1;
+        KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
+        if (gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err)) return -1;
+    }
+    // ---- logits: final norm of the requested positions, head GEMM in chunks
+    if (M > 0) {
+        KDA(kd_cu_rmsnorm(bf, cb->sel, cb->x, d_lrows, M, D, cb->final_norm, c->norm_eps, s));
+        for (int64_t m0 = 0; m0 < M; m0 += cb->lg_rows) {
+            const int64_t mc = M - m0 < cb->lg_rows ? M - m0 : cb->lg_rows;
+            if (gemm(cb, mc, cb->vocab, D, act_at(cb, cb->sel, m0 * D), D, cb->head, D, 0.f, cb->lg, cb->vocab,
+                     "head", err))
+                return -1;
+            CU(cudaMemcpyAsync(logits + (size_t)m0 * cb->vocab, cb->lg, (size_t)(mc * cb->vocab) * sizeof(float),
+                               cudaMemcpyDeviceToHost, s));
+        }
+    }
+    CU(cudaStreamSynchronize(s));
+    CU(cudaGetLastError());
+    // a verify wrote its key/gate records into the slot's other buffer
+    if (kmode == KD_KDA_DEFERRED)
+        for (int32_t r = 0; r < batch->n_rows; r++)
+            if (batch->rows[r].kind == KD_ROW_VERIFY) cb->kg_read[batch->rows[r].slot] ^= 1;
+    return 0;
+}
+
+// -------------------------------------------------------------------------- commit
+
+int cu_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    const kd_config *c = &b->config;
+    const meta_layout *ml = &cb->ml;
+    const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems, layer = b->layout.layer_elems;
+    const int folding = c->use_short_conv && cb->Hw > 0;
+    cudaStream_t s = cb->stream;
+    CU(cudaSetDevice(cb->dev));
+    unsigned char *hm = (unsigned char *)cb->pinned_meta;
+    kd_kda_row *crows = (kd_kda_row *)(hm + ml->crows);
+    kd_cu_fold *cf = (kd_cu_fold *)(hm + ml->cfolds);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        memset(&crows[l], 0, sizeof crows[l]);
+        crows[l].slot = slot, crows[l].len = n, crows[l].snap_at = snap_at;
+        crows[l].kg_read = cb->kg_read[slot];
+        crows[l].snap = snap_at > 0 ? cb->snap + (size_t)l * layer : NULL;
+    }
+    // conv windows: [0, first) then [first, n) of the records; the snapshot between
+    const int32_t first = snap_at > 0 ? snap_at : n;
+    cf[0] = kd_cu_fold{slot, first, -1, 0};
+    cf[1] = kd_cu_fold{slot, n - first, -1, first};
+    CU(cudaMemcpyAsync(cb->meta_dev + ml->crows, hm + ml->crows, ml->total - ml->crows, cudaMemcpyHostToDevice, s));
+    const kd_kda_row *d_crows = (const kd_kda_row *)(cb->meta_dev + ml->crows);
+    const kd_cu_fold *d_cf = (const kd_cu_fold *)(cb->meta_dev + ml->cfolds);
+    const kd_kda_mode kmode = kda_mode(cb);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
+        kd_kda_args a = layer_args(cb, l);
+        a.n_rows = 1, a.rows = d_crows + l;
+        KDA(kd_kda_commit(&a, kmode, s));
+        if (folding) {
+            KDA(kd_cu_conv_fold(d_cf, 1, cb->C, (int)cb->W, win, xrec, b->max_window, NULL, 0, s));
+            if (snap_at > 0 && conv)
+                CU(cudaMemcpyAsync(cb->snap + (size_t)l * layer + ssm, win + (size_t)slot * conv, (size_t)conv * 4,
+                                   cudaMemcpyDeviceToDevice, s));
+            if (n > first) KDA(kd_cu_conv_fold(d_cf + 1, 1, cb->C, (int)cb->W, win, xrec, b->max_window, NULL, 0, s));
+        }
+    }
+    if (snap_at > 0)
+        CU(cudaMemcpyAsync(snap_dst, cb->snap, (size_t)b->layout.slot_elems * 4, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaGetLastError());
+    return 0;
+}
+
+kd_backend_ops make_ops() {
+    kd_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.destroy = cu_destroy;
+    o.load = cu_load;
+    o.reserve = cu_reserve;
+    o.reset_slot = cu_reset_slot;
+    o.forward = cu_forward;
+    o.state_read = cu_state_read;
+    o.state_write = cu_state_write;
+    o.state_copy = cu_state_copy;
+    o.state_write_part = cu_state_write_part;
+    o.state_hash = cu_state_hash;
+    o.commit = cu_commit;
+    o.synchronize = cu_synchronize;
+    return o;
+}
+
+const kd_backend_ops cuda_ops = make_ops();
+
+} // namespace
+
+extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
+    if (kd_cuda_device_count() == 0) {
+        kd_fail(err, "cuda backend: no usable CUDA device (no GPU, or no driver)");
+        return NULL;
+    }
+    cu_backend *cb = (cu_backend *)calloc(1, sizeof *cb);
+    if (!cb) {
+        kd_fail(err, "cuda backend: out of host memory");
+        return NULL;
+    }
+    cb->base.ops = &cuda_ops;
+    cb->base.state_dtype = KD_F32;
+    cb->bf16 = act_bf16 ? 1 : 0;
+    cb->wsz = cb->bf16 ? 2 : 4;
+    cb->dev = 0;
+    const char *what = NULL;
+    cudaError_t e = cudaSetDevice(cb->dev);
+    if (e != cudaSuccess) what = "cudaSetDevice";
+    if (!what && (e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        what = "cudaStreamCreateWithFlags";
+    if (!what && (e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess) what = "cudaMalloc (cuBLAS workspace)";
+    if (what) {
+        kd_fail(err, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+        if (cb->blas_ws) cudaFree(cb->blas_ws);
+        if (cb->stream) cudaStreamDestroy(cb->stream);
+        (void)cudaGetLastError();
+        free(cb);
+        return NULL;
+    }
+    cublasStatus_t st = cublasCreate(&cb->blas);
+    const char *bwhat = "cublasCreate";
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(cb->blas, cb->stream), bwhat = "cublasSetStream";
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasSetWorkspace(cb->blas, cb->blas_ws, kBlasWorkspace), bwhat = "cublasSetWorkspace";
+    // fp32 mode is the reference: no TF32 (the default math mode, stated explicitly)
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH), bwhat = "cublasSetMathMode";
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        kd_fail(err, "cuda backend: %s: %s", bwhat, cublasGetStatusString(st));
+        cu_destroy(&cb->base);
+        return NULL;
+    }
+    return &cb->base;
+}

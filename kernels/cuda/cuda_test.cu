@@ -1,0 +1,692 @@
+// cuda_test.cu: the CUDA backend against the CPU reference backend and the oracle. Needs a
+// GPU (run by tests/cuda/run_device.sh on the device machine, not a bazel test):
+//   cuda_test ORACLE_DIR [quick]
+// ORACLE_DIR holds tiny/ and small/ (model/ and vectors.safetensors), like ../shared/oracle.
+// `quick`: the random models only, fewer steps (for compute-sanitizer).
+// Exit: 0 all passed ("ALL CUDA CHECKS PASSED"), 1 a check failed, 2 no CUDA device or bad usage.
+//
+// (a) Random models in memory (several shapes: grouped value heads with V = 2K, K = V = 128,
+//     no conv, conv of width 2 and 1, lower-bound gate, negative eigenvalues, tied
+//     embeddings; bf16 / f16 / fp32 tensors mixed) run through the same calls on both
+//     backends: state writes, batches of prefill and verify rows (random lengths, folds,
+//     logits modes, odd row counts, a scratch row among them), commits with snapshots, in
+//     each commit mode, fp32 and bf16 activations. Compared: logits of every batch (outputs
+//     poisoned with NaN first), folded checkpoints, snapshots, committed states (per layer,
+//     recurrent state and conv window apart, so that a failure points at an op), and the
+//     state calls (hash, partial writes, copy, reset) on the GPU alone.
+// (b) The oracle checkpoints: logits of every prompt position, greedy continuations through
+//     T = 1 verify windows (deferred, eager, store-all), fp32 and bf16 activations.
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "kd/backend.h"
+extern "C" {
+#include "worker/model.h"
+#include "worker/safetensors.h"
+}
+
+// ------------------------------------------------------------------------- reporting
+
+static int g_checks, g_failed;
+
+static bool report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool report(bool ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    g_checks++;
+    if (!ok) g_failed++;
+    return ok;
+}
+
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("     ");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+}
+
+// ||a - b|| / ||b||; infinite when a or b holds a NaN or infinity.
+static double rel(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        const double d = (double)a[i] - b[i];
+        num += d * d, den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double rel_d(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        const double d = (double)a[i] - b[i];
+        num += d * d, den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static size_t first_nan(const float *a, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) return i;
+    return n;
+}
+
+static std::vector<float> poisoned(size_t n) { return std::vector<float>(n ? n : 1, NAN); }
+
+// ------------------------------------------------------------------------------ rng
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed ^ 0x9e3779b97f4a7c15ull) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    int uni(int n) { return (int)(next() % (uint64_t)n); } // [0, n)
+    double u01() { return (double)(next() >> 11) * 0x1.0p-53; }
+    double normal() {
+        double u1 = u01(), u2 = u01();
+        if (u1 < 1e-300) u1 = 1e-300;
+        return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+};
+
+// --------------------------------------------------------------------- random model
+
+struct Spec {
+    const char *name;
+    int D, L, H, HV, K, V, W, conv, I, vocab;
+    int lb;
+    double lbv;
+    int neg, tied, mixed; // mixed: some tensors fp32 / f16 instead of bf16
+};
+
+struct RandModel {
+    kd_config c;
+    kd_model_tensors w;
+    std::vector<kd_layer_tensors> layers;
+    std::deque<std::vector<unsigned char>> store;
+};
+
+enum Fill { NORMAL, ONE_PLUS, ALOG, DTBIAS };
+
+static kd_tensor make(RandModel &m, Rng &r, kd_dtype dt, std::vector<int64_t> shape, Fill f, double scale) {
+    kd_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = (int32_t)shape.size();
+    int64_t n = 1;
+    for (size_t i = 0; i < shape.size(); i++) t.shape[i] = shape[i], n *= shape[i];
+    m.store.emplace_back((size_t)n * kd_dtype_size(dt));
+    unsigned char *p = m.store.back().data();
+    for (int64_t i = 0; i < n; i++) {
+        double x = 0;
+        switch (f) {
+        case NORMAL: x = scale * r.normal(); break;
+        case ONE_PLUS: x = 1 + scale * r.normal(); break;
+        case ALOG: x = log(1 + 15 * r.u01()); break;
+        case DTBIAS: x = -2.3 - 4.6 * r.u01(); break;
+        }
+        if (dt == KD_F32) {
+            float v = (float)x;
+            memcpy(p + 4 * i, &v, 4);
+        } else if (dt == KD_BF16) {
+            uint16_t v = kd_f32_to_bf16((float)x);
+            memcpy(p + 2 * i, &v, 2);
+        } else {
+            uint16_t v = kd_f32_to_f16((float)x);
+            memcpy(p + 2 * i, &v, 2);
+        }
+    }
+    t.data = p;
+    return t;
+}
+
+static void build_model(RandModel &m, const Spec &s, uint64_t seed) {
+    Rng r(seed);
+    kd_config &c = m.c;
+    memset(&c, 0, sizeof c);
+    c.hidden = s.D, c.n_layers = s.L, c.n_heads = s.H, c.n_v_heads = s.HV, c.head_k = s.K, c.head_v = s.V;
+    c.conv_size = s.W, c.use_short_conv = s.conv, c.intermediate = s.I, c.vocab = s.vocab, c.norm_eps = 1e-6;
+    c.use_lower_bound = s.lb, c.lower_bound = s.lbv, c.allow_neg_eigval = s.neg, c.tie_embeddings = s.tied;
+    const int64_t D = s.D, QK = (int64_t)s.H * s.K, VD = (int64_t)s.HV * s.V, K = s.K, V = s.V, HV = s.HV;
+    const kd_dtype B = KD_BF16, F = KD_F32, alt = s.mixed ? KD_F32 : KD_BF16, alt16 = s.mixed ? KD_F16 : KD_BF16;
+    const double sd = 1 / sqrt((double)D);
+    m.layers.resize((size_t)s.L);
+    for (int l = 0; l < s.L; l++) {
+        kd_layer_tensors &t = m.layers[(size_t)l];
+        memset(&t, 0, sizeof t);
+        t.attn_norm = make(m, r, B, {D}, ONE_PLUS, 0.1);
+        t.q_proj = make(m, r, B, {QK, D}, NORMAL, sd);
+        t.k_proj = make(m, r, B, {QK, D}, NORMAL, sd);
+        t.v_proj = make(m, r, alt, {VD, D}, NORMAL, sd);
+        if (s.conv) {
+            t.q_conv = make(m, r, B, {QK, 1, s.W}, NORMAL, 0.5);
+            t.k_conv = make(m, r, B, {QK, 1, s.W}, NORMAL, 0.5);
+            t.v_conv = make(m, r, alt, {VD, 1, s.W}, NORMAL, 0.5);
+        }
+        t.f_proj0 = make(m, r, B, {V, D}, NORMAL, sd);
+        t.f_proj1 = make(m, r, B, {HV * K, V}, NORMAL, 1 / sqrt((double)V));
+        t.b_proj = make(m, r, B, {HV, D}, NORMAL, sd);
+        t.A_log = make(m, r, F, {HV}, ALOG, 0);
+        t.dt_bias = make(m, r, F, {HV * K}, DTBIAS, 0);
+        t.g_proj0 = make(m, r, B, {V, D}, NORMAL, sd);
+        t.g_proj1 = make(m, r, B, {VD, V}, NORMAL, 1 / sqrt((double)V));
+        t.g_proj1_bias = make(m, r, alt, {VD}, NORMAL, 0.5);
+        t.o_norm = make(m, r, alt16, {V}, ONE_PLUS, 0.1);
+        t.o_proj = make(m, r, B, {D, VD}, NORMAL, 1 / sqrt((double)VD));
+        t.mlp_norm = make(m, r, alt16, {D}, ONE_PLUS, 0.1);
+        t.gate_proj = make(m, r, B, {s.I, D}, NORMAL, sd);
+        t.up_proj = make(m, r, B, {s.I, D}, NORMAL, sd);
+        t.down_proj = make(m, r, B, {D, s.I}, NORMAL, 1 / sqrt((double)s.I));
+    }
+    memset(&m.w, 0, sizeof m.w);
+    m.w.embed = make(m, r, B, {s.vocab, D}, NORMAL, 1.0);
+    m.w.final_norm = make(m, r, B, {D}, ONE_PLUS, 0.1);
+    if (!s.tied) m.w.lm_head = make(m, r, alt, {s.vocab, D}, NORMAL, sd);
+    m.w.n_layers = s.L;
+    m.w.layers = m.layers.data();
+}
+
+// ------------------------------------------------------------------ backend pairs
+
+struct Pair {
+    kd_backend *cpu = nullptr, *gpu = nullptr;
+    std::string label;
+    size_t sb = 0;  // state bytes
+    int32_t vocab = 0;
+    kd_config c;
+    double tol_l = 0, tol_s = 0;
+};
+
+static const char *act_name(int bf) { return bf ? "bf16" : "fp32"; }
+
+static std::string row_desc(const kd_batch_row &r, int32_t scratch) {
+    char buf[96];
+    char slot[16];
+    if (r.slot == scratch) snprintf(slot, sizeof slot, "scratch");
+    else snprintf(slot, sizeof slot, "s%d", r.slot);
+    if (r.kind == KD_ROW_VERIFY) snprintf(buf, sizeof buf, "v%d/f%d@%s", r.n_tokens, r.fold, slot);
+    else snprintf(buf, sizeof buf, "p%d@%s", r.n_tokens, slot);
+    std::string s = buf;
+    s += r.logits == KD_LOGITS_ALL ? ":all" : r.logits == KD_LOGITS_LAST ? ":last" : ":none";
+    return s;
+}
+
+// Committed states of a slot on both backends (or checkpoints with `checkpoint`), compared
+// whole and per layer (recurrent state, conv window).
+static bool compare_states(Pair &p, int32_t slot, const char *what, bool checkpoint) {
+    std::vector<float> a(p.sb / 4), b(p.sb / 4);
+    kd_err err;
+    int rc = checkpoint ? kd_backend_checkpoint_read(p.gpu, slot, a.data(), p.sb, &err)
+                        : kd_backend_state_read(p.gpu, slot, a.data(), p.sb, &err);
+    if (rc) return report(false, "%s %s slot %d: gpu read: %s", p.label.c_str(), what, slot, err.msg);
+    rc = checkpoint ? kd_backend_checkpoint_read(p.cpu, slot, b.data(), p.sb, &err)
+                    : kd_backend_state_read(p.cpu, slot, b.data(), p.sb, &err);
+    if (rc) return report(false, "%s %s slot %d: cpu read: %s", p.label.c_str(), what, slot, err.msg);
+    const double e = rel(a.data(), b.data(), a.size());
+    const bool ok = e < p.tol_s;
+    report(ok, "%s %s slot %d: state rel err %.3e (tol %.0e)", p.label.c_str(), what, slot, e, p.tol_s);
+    if (!ok) {
+        const kd_state_layout &L = p.gpu->layout;
+        for (int32_t l = 0; l < p.c.n_layers; l++) {
+            const size_t o = (size_t)l * L.layer_elems;
+            const double es = rel(a.data() + o, b.data() + o, (size_t)L.ssm_elems);
+            const double ec = L.conv_elems ? rel(a.data() + o + L.ssm_elems, b.data() + o + L.ssm_elems, (size_t)L.conv_elems) : 0;
+            const size_t nan = first_nan(a.data() + o, (size_t)L.layer_elems);
+            note("layer %d: ssm rel err %.3e, conv window rel err %.3e%s", l, es, ec,
+                 nan < (size_t)L.layer_elems ? " (non-finite values on the gpu)" : "");
+            // the first few worst elements of the layer's recurrent state: [h][c][j]
+            const int64_t K = p.c.head_k, V = p.c.head_v;
+            size_t worst = 0;
+            double wd = -1;
+            for (int64_t i = 0; i < L.ssm_elems; i++) {
+                double d = fabs((double)a[o + i] - b[o + i]);
+                if (!(d <= wd)) wd = d, worst = (size_t)i;
+            }
+            note("  worst ssm element h=%lld c=%lld j=%lld: gpu %.6g cpu %.6g", (long long)(worst / (K * V)),
+                 (long long)(worst / V % K), (long long)(worst % V), a[o + worst], b[o + worst]);
+            if (L.conv_elems) {
+                const int64_t Hw = p.c.conv_size - 1;
+                wd = -1, worst = 0;
+                for (int64_t i = 0; i < L.conv_elems; i++) {
+                    double d = fabs((double)a[o + L.ssm_elems + i] - b[o + L.ssm_elems + i]);
+                    if (!(d <= wd)) wd = d, worst = (size_t)i;
+                }
+                note("  worst conv element channel %lld tap %lld: gpu %.6g cpu %.6g", (long long)(worst / Hw),
+                     (long long)(worst % Hw), a[o + L.ssm_elems + worst], b[o + L.ssm_elems + worst]);
+            }
+        }
+    }
+    return ok;
+}
+
+// Logits of one batch: whole and per logit row; the worst row named.
+static bool compare_logits(Pair &p, const char *what, const kd_batch &b, const float *g, const float *c) {
+    const int64_t M = kd_batch_logit_rows(&b);
+    if (M == 0) return true;
+    const size_t V = (size_t)p.vocab;
+    const double whole = rel(g, c, (size_t)M * V);
+    double worst = 0;
+    int64_t m = 0, wm = 0;
+    int wr = 0, wpos = 0;
+    for (int32_t r = 0; r < b.n_rows; r++) {
+        const kd_batch_row &row = b.rows[r];
+        if (row.logits == KD_LOGITS_NONE) continue;
+        for (int32_t t = row.logits == KD_LOGITS_ALL ? 0 : row.n_tokens - 1; t < row.n_tokens; t++, m++) {
+            const double e = rel(g + m * V, c + m * V, V);
+            if (!(e <= worst)) worst = e, wm = m, wr = r, wpos = t;
+        }
+    }
+    std::string rows;
+    for (int32_t r = 0; r < b.n_rows; r++) rows += (r ? " " : "") + row_desc(b.rows[r], p.gpu->n_slots);
+    const bool ok = whole < p.tol_l && worst < 3 * p.tol_l;
+    report(ok, "%s %s [%s]: logits rel err %.3e, worst row %d pos %d: %.3e (tol %.0e)", p.label.c_str(), what,
+           rows.c_str(), whole, wr, wpos, worst, p.tol_l);
+    if (!ok) {
+        const size_t nan = first_nan(g, (size_t)M * V);
+        if (nan < (size_t)M * V) note("first non-finite gpu logit: logit row %zu, column %zu", nan / V, nan % V);
+        note("worst logit row %lld: gpu[0..3] %.6g %.6g %.6g %.6g | cpu %.6g %.6g %.6g %.6g", (long long)wm,
+             g[wm * V], g[wm * V + 1 % V], g[wm * V + 2 % V], g[wm * V + 3 % V], c[wm * V], c[wm * V + 1 % V],
+             c[wm * V + 2 % V], c[wm * V + 3 % V]);
+    }
+    return ok;
+}
+
+static bool forward_both(Pair &p, const char *what, const kd_batch &b, std::vector<float> &lg, std::vector<float> &lc) {
+    const size_t n = (size_t)kd_batch_logit_rows(&b) * (size_t)p.vocab;
+    lg = poisoned(n), lc = poisoned(n);
+    kd_err err;
+    if (kd_backend_forward(p.cpu, &b, lc.data(), &err))
+        return report(false, "%s %s: cpu forward: %s", p.label.c_str(), what, err.msg);
+    if (kd_backend_forward(p.gpu, &b, lg.data(), &err))
+        return report(false, "%s %s: gpu forward: %s", p.label.c_str(), what, err.msg);
+    return compare_logits(p, what, b, lg.data(), lc.data());
+}
+
+static bool commit_both(Pair &p, int32_t slot, int32_t n, int32_t snap_at, const char *what) {
+    std::vector<float> sg = poisoned(p.sb / 4), sc = poisoned(p.sb / 4);
+    kd_err err;
+    if (kd_backend_commit(p.cpu, slot, n, snap_at, snap_at ? sc.data() : nullptr, &err))
+        return report(false, "%s %s: cpu commit: %s", p.label.c_str(), what, err.msg);
+    if (kd_backend_commit(p.gpu, slot, n, snap_at, snap_at ? sg.data() : nullptr, &err))
+        return report(false, "%s %s: gpu commit: %s", p.label.c_str(), what, err.msg);
+    bool ok = true;
+    if (snap_at) {
+        const double e = rel(sg.data(), sc.data(), sg.size());
+        ok = report(e < p.tol_s, "%s %s slot %d: commit %d snapshot at %d rel err %.3e (tol %.0e)", p.label.c_str(),
+                    what, slot, n, snap_at, e, p.tol_s);
+    }
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s commit %d (snapshot %d)", what, n, snap_at);
+    return compare_states(p, slot, buf, false) && ok;
+}
+
+// The state calls on the GPU alone: hash vs XXH3 of the read bytes, partial writes, copy, reset.
+static void state_api_checks(Pair &p, Rng &r) {
+    kd_backend *g = p.gpu;
+    const size_t sb = p.sb;
+    std::vector<unsigned char> a(sb), b(sb);
+    kd_err err;
+    bool ok = kd_backend_state_read(g, 0, a.data(), sb, &err) == 0;
+    uint64_t h = 0;
+    ok = ok && kd_backend_state_hash(g, 0, 0, sb, &h, &err) == 0;
+    report(ok && h == XXH3_64bits(a.data(), sb), "%s state_hash whole slot == XXH3 of state_read%s%s", p.label.c_str(),
+           ok ? "" : ": ", ok ? "" : err.msg);
+    for (int i = 0; i < 4; i++) {
+        size_t off = (size_t)(r.next() % sb), len = (size_t)(r.next() % (sb - off + 1));
+        ok = kd_backend_state_hash(g, 0, off, len, &h, &err) == 0;
+        report(ok && h == XXH3_64bits(a.data() + off, len), "%s state_hash bytes [%zu, +%zu) == XXH3", p.label.c_str(),
+               off, len);
+    }
+    // partial writes in uneven chunks, then read back bitwise
+    for (size_t i = 0; i < sb / 4; i++) { // finite floats
+        float f = (float)r.normal();
+        memcpy(&b[4 * i], &f, 4);
+    }
+    ok = true;
+    for (size_t off = 0; off < sb && ok;) {
+        size_t len = 1 + (size_t)(r.next() % (sb / 3 + 1));
+        if (len > sb - off) len = sb - off;
+        ok = kd_backend_state_write_part(g, 1, off, b.data() + off, len, &err) == 0;
+        off += len;
+    }
+    std::vector<unsigned char> c(sb);
+    ok = ok && kd_backend_state_read(g, 1, c.data(), sb, &err) == 0;
+    report(ok && !memcmp(b.data(), c.data(), sb), "%s state_write_part in chunks, read back bitwise", p.label.c_str());
+    ok = kd_backend_state_copy(g, 2, 1, &err) == 0 && kd_backend_state_read(g, 2, c.data(), sb, &err) == 0;
+    report(ok && !memcmp(b.data(), c.data(), sb), "%s state_copy slot 1 -> 2 bitwise", p.label.c_str());
+    ok = kd_backend_state_read(g, 0, c.data(), sb, &err) == 0;
+    report(ok && !memcmp(a.data(), c.data(), sb), "%s slot 0 untouched by writes to slots 1, 2", p.label.c_str());
+    ok = kd_backend_reset_slot(g, 2, &err) == 0 && kd_backend_state_read(g, 2, c.data(), sb, &err) == 0;
+    bool zero = ok;
+    for (size_t i = 0; i < sb && zero; i++) zero = c[i] == 0;
+    report(zero, "%s reset_slot zeroes the state", p.label.c_str());
+    ok = kd_backend_state_read(g, 1, c.data(), sb, &err) == 0;
+    report(ok && !memcmp(b.data(), c.data(), sb), "%s reset of slot 2 leaves slot 1", p.label.c_str());
+    ok = g->ops->synchronize(g, &err) == 0;
+    report(ok, "%s synchronize%s%s", p.label.c_str(), ok ? "" : ": ", ok ? "" : err.msg);
+}
+
+static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t seed, int steps) {
+    RandModel m;
+    build_model(m, s, seed);
+    Pair p;
+    char lab[128];
+    snprintf(lab, sizeof lab, "[%s %s %s]", s.name, act_name(bf), kd_commit_mode_name(mode));
+    p.label = lab;
+    p.c = m.c;
+    p.vocab = m.c.vocab;
+    p.tol_l = bf ? 2e-2 : 1e-4;
+    p.tol_s = bf ? 5e-2 : 1e-5;
+    kd_err err;
+    const int32_t NS = 5, ROWS = 7, TW = 8;
+    const int64_t TOK = 320;
+    p.cpu = kd_cpu_backend_create(0, &err);
+    if (!p.cpu) {
+        report(false, "%s cpu backend: %s", lab, err.msg);
+        return;
+    }
+    p.gpu = kd_cuda_backend_create(bf, &err);
+    if (!p.gpu) {
+        report(false, "%s cuda backend create: %s", lab, err.msg);
+        kd_backend_free(p.cpu);
+        return;
+    }
+    bool ok = kd_backend_load(p.cpu, &m.c, &m.w, &err) == 0 &&
+              kd_backend_reserve(p.cpu, NS, ROWS, TOK, TW, mode, &err) == 0;
+    if (!report(ok, "%s cpu load + reserve%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) goto done;
+    ok = kd_backend_load(p.gpu, &m.c, &m.w, &err) == 0 && kd_backend_reserve(p.gpu, NS, ROWS, TOK, TW, mode, &err) == 0;
+    if (!report(ok, "%s gpu load + reserve (D=%d L=%d H=%d HV=%d K=%d V=%d conv=%d W=%d I=%d vocab=%d lb=%d neg=%d tied=%d)%s%s",
+                lab, s.D, s.L, s.H, s.HV, s.K, s.V, s.conv, s.W, s.I, s.vocab, s.lb, s.neg, s.tied, ok ? "" : ": ",
+                ok ? "" : err.msg))
+        goto done;
+    p.sb = kd_backend_state_bytes(p.gpu);
+    if (!report(p.sb == kd_backend_state_bytes(p.cpu) && p.gpu->state_dtype == KD_F32,
+                "%s state bytes %zu (cpu %zu), state dtype f32", lab, p.sb, kd_backend_state_bytes(p.cpu)))
+        goto done;
+    {
+        Rng r(seed * 7919 + (uint64_t)mode * 31 + (uint64_t)bf);
+        const kd_state_layout &L = p.gpu->layout;
+        // random committed states, the same on both; read back bitwise
+        for (int32_t slot = 0; slot < NS; slot++) {
+            std::vector<float> st((size_t)L.slot_elems), back((size_t)L.slot_elems);
+            for (int32_t l = 0; l < m.c.n_layers; l++) {
+                float *o = st.data() + (size_t)l * L.layer_elems;
+                for (int64_t i = 0; i < L.ssm_elems; i++) o[i] = (float)(0.2 * r.normal());
+                for (int64_t i = 0; i < L.conv_elems; i++) o[L.ssm_elems + i] = (float)r.normal();
+            }
+            ok = kd_backend_state_write(p.cpu, slot, st.data(), p.sb, &err) == 0 &&
+                 kd_backend_state_write(p.gpu, slot, st.data(), p.sb, &err) == 0 &&
+                 kd_backend_state_read(p.gpu, slot, back.data(), p.sb, &err) == 0;
+            report(ok && !memcmp(st.data(), back.data(), p.sb), "%s state_write + state_read slot %d bitwise%s%s", lab,
+                   slot, ok ? "" : ": ", ok ? "" : err.msg);
+        }
+        std::vector<int32_t> recorded(NS, 0), accepted(NS, 0);
+        std::vector<float> lg, lc;
+        for (int step = 0; step < steps; step++) {
+            // rows: an odd number of slots in random order, a scratch row now and then
+            std::vector<int32_t> order(NS);
+            for (int i = 0; i < NS; i++) order[i] = i;
+            for (int i = NS - 1; i > 0; i--) std::swap(order[i], order[r.uni(i + 1)]);
+            const int nr = step == 0 ? NS : 1 + 2 * r.uni(3); // 1, 3, 5
+            std::vector<kd_batch_row> rows;
+            std::vector<int32_t> tok;
+            for (int i = 0; i < nr; i++) {
+                kd_batch_row row;
+                memset(&row, 0, sizeof row);
+                row.slot = order[i];
+                const bool verify = step > 0 && (recorded[row.slot] > 0 || r.uni(3) != 0);
+                if (verify) {
+                    row.kind = KD_ROW_VERIFY;
+                    row.n_tokens = 1 + r.uni(TW);
+                    row.fold = recorded[row.slot] > 0 ? accepted[row.slot] : 0;
+                } else {
+                    row.kind = KD_ROW_PREFILL;
+                    static const int first[NS] = {1, 7, 13, 2, 31};
+                    row.n_tokens = step == 0 ? first[i] : 1 + r.uni(12);
+                }
+                row.logits = r.uni(3);
+                rows.push_back(row);
+            }
+            if (r.uni(2) == 0) { // the scratch row (padding): garbage, no logits
+                kd_batch_row row;
+                memset(&row, 0, sizeof row);
+                row.slot = NS, row.n_tokens = 1 + r.uni(TW), row.logits = KD_LOGITS_NONE;
+                row.kind = r.uni(2) ? KD_ROW_VERIFY : KD_ROW_PREFILL;
+                rows.insert(rows.begin() + r.uni((int)rows.size() + 1), row);
+            }
+            for (const kd_batch_row &row : rows)
+                for (int i = 0; i < row.n_tokens; i++) tok.push_back(r.uni(p.vocab));
+            kd_batch b;
+            b.n_rows = (int32_t)rows.size(), b.rows = rows.data(), b.tokens = tok.data();
+            char what[64];
+            snprintf(what, sizeof what, "step %d", step);
+            forward_both(p, what, b, lg, lc);
+            for (const kd_batch_row &row : rows) {
+                if (row.slot == NS) continue;
+                if (row.kind == KD_ROW_VERIFY) {
+                    if (row.fold > 0 && mode != KD_COMMIT_STORE_ALL) {
+                        snprintf(what, sizeof what, "step %d folded checkpoint (fold %d)", step, row.fold);
+                        compare_states(p, row.slot, what, true);
+                    }
+                    recorded[row.slot] = row.n_tokens;
+                    accepted[row.slot] = 1 + r.uni(row.n_tokens);
+                } else {
+                    recorded[row.slot] = 0;
+                    snprintf(what, sizeof what, "step %d after prefill", step);
+                    compare_states(p, row.slot, what, false);
+                }
+            }
+            // commits: always in eager mode, now and then otherwise (the rest fold next time)
+            for (int32_t slot = 0; slot < NS; slot++) {
+                if (!recorded[slot] || (mode != KD_COMMIT_EAGER && r.uni(3) != 0)) continue;
+                const int32_t n = accepted[slot], snap = r.uni(n + 1);
+                snprintf(what, sizeof what, "step %d", step);
+                commit_both(p, slot, n, snap, what);
+                recorded[slot] = 0;
+            }
+        }
+        for (int32_t slot = 0; slot < NS; slot++) {
+            if (recorded[slot]) commit_both(p, slot, accepted[slot], 0, "final");
+            else compare_states(p, slot, "final", false);
+            recorded[slot] = 0;
+        }
+        // a long prefill with every logit: the head GEMM in several chunks
+        {
+            kd_batch_row row;
+            memset(&row, 0, sizeof row);
+            row.slot = 4, row.n_tokens = 300, row.logits = KD_LOGITS_ALL, row.kind = KD_ROW_PREFILL;
+            std::vector<int32_t> tok(300);
+            for (auto &t : tok) t = r.uni(p.vocab);
+            kd_batch b;
+            b.n_rows = 1, b.rows = &row, b.tokens = tok.data();
+            ok = kd_backend_reset_slot(p.cpu, 4, &err) == 0 && kd_backend_reset_slot(p.gpu, 4, &err) == 0;
+            report(ok, "%s reset_slot 4 on both", lab);
+            forward_both(p, "long prefill from zero", b, lg, lc);
+            compare_states(p, 4, "after long prefill", false);
+        }
+        state_api_checks(p, r);
+    }
+done:
+    kd_backend_free(p.gpu);
+    kd_backend_free(p.cpu);
+}
+
+// ----------------------------------------------------------------------------- oracle
+
+static std::vector<int32_t> ints(const kd_st_file *f, const char *name) {
+    std::vector<int32_t> v;
+    const kd_st_entry *e = kd_st_find(f, name);
+    if (!e) return v;
+    const int64_t n = kd_tensor_numel(&e->t);
+    for (int64_t i = 0; i < n; i++) v.push_back((int32_t)kd_tensor_get_f64(&e->t, i));
+    return v;
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t j = 1; j < n; j++)
+        if (x[j] > x[best]) best = j;
+    return best;
+}
+
+static void oracle_case(const char *dir, const char *name, int bf, kd_commit_mode mode, bool logits) {
+    char path[2048], lab[96];
+    snprintf(lab, sizeof lab, "[oracle %s %s %s]", name, act_name(bf), kd_commit_mode_name(mode));
+    kd_err err;
+    snprintf(path, sizeof path, "%s/%s/model", dir, name);
+    kd_model *m = kd_model_open(path, &err);
+    if (!report(m != nullptr, "%s open %s%s%s", lab, path, m ? "" : ": ", m ? "" : err.msg)) return;
+    snprintf(path, sizeof path, "%s/%s/vectors.safetensors", dir, name);
+    kd_st_file *vec = kd_st_open(path, &err);
+    if (!report(vec != nullptr, "%s open %s%s%s", lab, path, vec ? "" : ": ", vec ? "" : err.msg)) {
+        kd_model_close(m);
+        return;
+    }
+    kd_backend *g = kd_cuda_backend_create(bf, &err);
+    bool ok = g && kd_backend_load(g, &m->config, &m->tensors, &err) == 0 &&
+              kd_backend_reserve(g, 1, 1, 256, 8, mode, &err) == 0;
+    if (report(ok, "%s backend create + load + reserve%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) {
+        const int32_t V = m->config.vocab;
+        for (int pr = 0; pr < 3; pr++) {
+            char key[64];
+            snprintf(key, sizeof key, "prompt%d.tokens", pr);
+            std::vector<int32_t> tok = ints(vec, key);
+            snprintf(key, sizeof key, "prompt%d.greedy", pr);
+            std::vector<int32_t> greedy = ints(vec, key);
+            snprintf(key, sizeof key, "prompt%d.logits", pr);
+            const kd_st_entry *le = kd_st_find(vec, key);
+            const int64_t n = (int64_t)tok.size();
+            if (!report(n > 0 && !greedy.empty() && le && kd_tensor_numel(&le->t) == n * V, "%s prompt%d vectors present",
+                        lab, pr))
+                continue;
+            std::vector<double> ref((size_t)(n * V));
+            kd_tensor_to_f64(&le->t, 0, n * V, ref.data());
+            std::vector<float> lg = poisoned((size_t)(n * V));
+            kd_batch_row row;
+            memset(&row, 0, sizeof row);
+            row.slot = 0, row.n_tokens = (int32_t)n, row.logits = KD_LOGITS_ALL, row.kind = KD_ROW_PREFILL;
+            kd_batch b;
+            b.n_rows = 1, b.rows = &row, b.tokens = tok.data();
+            ok = kd_backend_reset_slot(g, 0, &err) == 0 && kd_backend_forward(g, &b, lg.data(), &err) == 0;
+            if (!report(ok, "%s prompt%d prefill forward%s%s", lab, pr, ok ? "" : ": ", ok ? "" : err.msg)) continue;
+            if (logits) {
+                const double tol = bf ? 1e-2 : 1e-4;
+                const double e = rel_d(lg.data(), ref.data(), (size_t)(n * V));
+                double worst = 0;
+                int64_t wt = 0;
+                for (int64_t t = 0; t < n; t++) {
+                    const double et = rel_d(lg.data() + t * V, ref.data() + t * V, (size_t)V);
+                    if (!(et <= worst)) worst = et, wt = t;
+                }
+                report(e < tol && worst < 3 * tol,
+                       "%s prompt%d (%lld tokens): logits rel err %.3e, worst position %lld: %.3e (tol %.0e, per position %.0e)",
+                       lab, pr, (long long)n, e, (long long)wt, worst, tol, 3 * tol);
+            }
+            // greedy continuation through T = 1 verify windows
+            int32_t best = argmax(lg.data() + (n - 1) * V, V), agree = 0, first_bad = -1;
+            std::vector<float> one = poisoned((size_t)V);
+            for (size_t i = 0; i < greedy.size(); i++) {
+                if (best == greedy[i]) agree++;
+                else if (first_bad < 0) first_bad = (int32_t)i;
+                if (i + 1 == greedy.size()) break;
+                kd_batch_row v;
+                memset(&v, 0, sizeof v);
+                v.slot = 0, v.n_tokens = 1, v.logits = KD_LOGITS_LAST, v.kind = KD_ROW_VERIFY;
+                v.fold = (i > 0 && mode != KD_COMMIT_EAGER) ? 1 : 0;
+                kd_batch vb;
+                vb.n_rows = 1, vb.rows = &v, vb.tokens = &best;
+                std::fill(one.begin(), one.end(), NAN);
+                ok = kd_backend_forward(g, &vb, one.data(), &err) == 0;
+                if (ok && mode == KD_COMMIT_EAGER) ok = kd_backend_commit(g, 0, 1, 0, nullptr, &err) == 0;
+                if (!ok) {
+                    report(false, "%s prompt%d greedy step %zu: %s", lab, pr, i, err.msg);
+                    break;
+                }
+                best = argmax(one.data(), V);
+            }
+            if (bf)
+                note("%s prompt%d: bf16 greedy agrees with the oracle on %d of %zu tokens (informational)", lab, pr, agree,
+                     greedy.size());
+            else
+                report(agree == (int32_t)greedy.size(), "%s prompt%d: greedy %d/%zu tokens exact%s", lab, pr, agree,
+                       greedy.size(), first_bad >= 0 ? " (first mismatch at step shown below)" : "");
+            if (!bf && first_bad >= 0) note("first greedy mismatch at step %d", first_bad);
+        }
+    }
+    kd_backend_free(g);
+    kd_st_close(vec);
+    kd_model_close(m);
+}
+
+// ------------------------------------------------------------------------------ main
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick"))) {
+        fprintf(stderr, "usage: %s ORACLE_DIR [quick]\n", argv[0]);
+        return 2;
+    }
+    const bool quick = argc > 2;
+    kd_cuda_info info;
+    kd_cuda_describe(&info);
+    if (kd_cuda_device_count() == 0) {
+        printf("no CUDA device\n");
+        return 2;
+    }
+    printf("device: %s (cc %d, %.1f GiB), cudart %d, driver %d, cublas %d\n", info.device0_name, info.device0_cc,
+           info.device0_mem_bytes / 1073741824.0, info.cudart_version, info.driver_version, info.cublas_version);
+    uint64_t seed = 20251129;
+    if (getenv("KDECODE_TEST_SEED")) seed = strtoull(getenv("KDECODE_TEST_SEED"), NULL, 0);
+    printf("seed: KDECODE_TEST_SEED=%llu\n", (unsigned long long)seed);
+    // name, D, L, H, HV, K, V, W, conv, I, vocab, lb, lbv, neg, tied, mixed
+    const Spec specs[] = {
+        {"A:H2-HV4-K32-V64", 96, 2, 2, 4, 32, 64, 4, 1, 160, 211, 0, 0, 0, 0, 1},
+        {"B:K128-V128", 128, 2, 2, 2, 128, 128, 4, 1, 192, 300, 0, 0, 0, 0, 0},
+        {"C:noconv-lb-neg-tied", 64, 3, 1, 2, 64, 128, 4, 0, 128, 150, 1, -5.0, 1, 1, 1},
+        {"D:W2-lb-tied", 64, 1, 2, 2, 32, 32, 2, 1, 96, 97, 1, -3.0, 0, 1, 0},
+        {"E:W1-HV3-V48", 48, 2, 1, 3, 64, 48, 1, 1, 64, 120, 0, 0, 1, 0, 1},
+    };
+    const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        for (int bf = 0; bf < 2; bf++)
+            for (kd_commit_mode mode : modes) {
+                if (quick && (bf || i >= 3)) continue;
+                random_case(specs[i], bf, mode, seed + 1000 * i, quick ? 4 : (bf ? 8 : 14));
+            }
+    if (!quick) {
+        for (const char *name : {"tiny", "small"}) {
+            for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);
+            oracle_case(argv[1], name, 1, KD_COMMIT_DEFERRED, true);
+        }
+    }
+    if (g_failed) {
+        printf("CUDA CHECKS FAILED: %d of %d checks\n", g_failed, g_checks);
+        return 1;
+    }
+    printf("ALL CUDA CHECKS PASSED (%d checks)\n", g_checks);
+    return 0;
+}

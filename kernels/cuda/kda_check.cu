@@ -1,0 +1,433 @@
+// kda_check.cu: the KDA decode kernels on a GPU, checked against a float64 reference on
+// the host and then timed against the copy floor (a device-to-device copy of the same
+// states, in the same run). Run on the device machine: kda_check OUT_DIR COMMIT.
+//   check: verify windows of random length with random acceptance, folds, eager commits with
+//          snapshots, store-all; several shapes (grouped value heads, V not a multiple of
+//          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch.
+//   bench: HV = 32, K = V = 128, fp32 state, T in {1,2,4,8}, B in {1..512}; graphs of one
+//          launch per layer over enough layers that the states exceed the L2 cache.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/kda.cuh"
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double urand() {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * 0x1.0p-53;
+}
+static double nrand() { return sqrt(-2 * log(urand() + 1e-300)) * cos(6.283185307179586 * urand()); }
+
+template <class T> static T *dalloc(size_t n) {
+    T *p;
+    CK(cudaMalloc(&p, (n ? n : 1) * sizeof(T)));
+    return p;
+}
+static void up(float *d, const std::vector<float> &h) { CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice)); }
+static std::vector<float> down(const float *d, size_t n) {
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static double relerr(const std::vector<float> &a, const std::vector<double> &b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < b.size(); i++) {
+        if (!(a[i] == a[i])) return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+// ------------------------------------------------------------------- reference (f64)
+
+struct Tok { // one window token, one row: raw inputs
+    std::vector<double> q, k, v, g, b; // [H][K], [H][K], [HV][V], [HV][K], [HV]
+};
+
+struct Shape {
+    int H, HV, K, V, B;
+    int lb;
+    double lbv;
+    int neg;
+};
+
+static void ref_step(const Shape &s, const std::vector<double> &A_log, const std::vector<double> &dt, std::vector<double> &S,
+                     const Tok &t, std::vector<double> *o) {
+    const int K = s.K, V = s.V;
+    for (int h = 0; h < s.HV; h++) {
+        const int hk = h / (s.HV / s.H);
+        double qs = 0, ks = 0;
+        for (int c = 0; c < K; c++) qs += t.q[hk * K + c] * t.q[hk * K + c], ks += t.k[hk * K + c] * t.k[hk * K + c];
+        std::vector<double> qn(K), kn(K), d(K);
+        for (int c = 0; c < K; c++) {
+            qn[c] = t.q[hk * K + c] / sqrt(qs + 1e-6) / sqrt((double)K);
+            kn[c] = t.k[hk * K + c] / sqrt(ks + 1e-6);
+            double z = t.g[h * K + c] + dt[h * K + c], a = exp(A_log[h]);
+            double g = s.lb ? s.lbv / (1 + exp(-a * z)) : -a * (z > 30 ? z : log1p(exp(z)));
+            d[c] = exp(g);
+        }
+        double beta = 1 / (1 + exp(-t.b[h])) * (s.neg ? 2 : 1);
+        double *Sh = &S[(size_t)h * K * V];
+        for (int j = 0; j < V; j++) {
+            double kS = 0;
+            for (int c = 0; c < K; c++) Sh[c * V + j] *= d[c], kS += Sh[c * V + j] * kn[c];
+            double u = beta * (t.v[h * V + j] - kS), os = 0;
+            for (int c = 0; c < K; c++) Sh[c * V + j] += kn[c] * u, os += Sh[c * V + j] * qn[c];
+            if (o) (*o)[h * V + j] = os;
+        }
+    }
+}
+
+// -------------------------------------------------------------------------- check
+
+static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
+    const int H = s.H, HV = s.HV, K = s.K, V = s.V, B = s.B, slots = B + 1;
+    const size_t hkv = (size_t)K * V, per = HV * hkv;
+    std::vector<double> A_log(HV), dt(HV * K);
+    for (auto &x : A_log) x = log(1 + 15 * urand());
+    for (auto &x : dt) x = -2.3 - 4.6 * urand();
+    std::vector<float> A_f(A_log.begin(), A_log.end()), dt_f(dt.begin(), dt.end());
+    // states: random non-zero
+    std::vector<std::vector<double>> ref(B, std::vector<double>(per));
+    std::vector<float> st0((size_t)slots * per);
+    for (int r = 0; r < B; r++)
+        for (size_t i = 0; i < per; i++) st0[r * per + i] = (float)(ref[r][i] = 0.1 * nrand());
+    for (size_t i = (size_t)B * per; i < st0.size(); i++) st0[i] = NAN; // the scratch row
+    for (int r = 0; r < B; r++)
+        for (size_t i = 0; i < per; i++) ref[r][i] = st0[r * per + i];
+    kd_kda_args a = {};
+    a.H = H, a.HV = HV, a.K = K, a.V = V, a.Tw = Tw;
+    a.state = dalloc<float>(slots * per);
+    up(a.state, st0);
+    a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
+    a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
+    a.stored = mode == KD_KDA_STORE_ALL ? dalloc<float>((size_t)slots * Tw * per) : nullptr;
+    float *dA = dalloc<float>(HV), *ddt = dalloc<float>(HV * K);
+    up(dA, A_f), up(ddt, dt_f);
+    a.A_log = dA, a.dt_bias = ddt, a.use_lower_bound = s.lb, a.lower_bound = (float)s.lbv, a.allow_neg_eigval = s.neg;
+    const int maxN = B * Tw;
+    float *q = dalloc<float>(maxN * H * K), *k = dalloc<float>(maxN * H * K), *v = dalloc<float>(maxN * HV * V);
+    float *g = dalloc<float>(maxN * HV * K), *b = dalloc<float>(maxN * HV);
+    float *qn = dalloc<float>(maxN * H * K), *kn = dalloc<float>(maxN * H * K), *dec = dalloc<float>(maxN * HV * K);
+    float *beta = dalloc<float>(maxN * HV), *o = dalloc<float>(maxN * HV * V), *snap = dalloc<float>(B * per);
+    kd_kda_row *drows = dalloc<kd_kda_row>(B);
+    a.qn = qn, a.kn = kn, a.decay = dec, a.beta = beta, a.v = v, a.kraw = k, a.graw = g, a.o = o, a.rows = drows;
+    std::vector<std::vector<Tok>> last(B);
+    std::vector<int> pending(B, 0), parity(B, 0);
+    double worst_o = 0, worst_s = 0;
+    int bad = 0;
+    for (int step = 0; step < steps; step++) {
+        // rows in a shuffled order, each with its own window length
+        std::vector<int> order(B);
+        for (int r = 0; r < B; r++) order[r] = r;
+        for (int r = B - 1; r > 0; r--) std::swap(order[r], order[(int)(urand() * (r + 1))]);
+        std::vector<kd_kda_row> rows(B);
+        std::vector<float> hq, hk, hv, hg, hb;
+        std::vector<std::vector<Tok>> win(B);
+        int N = 0, maxT = 0;
+        for (int i = 0; i < B; i++) {
+            const int r = order[i], T = 1 + (int)(urand() * Tw);
+            maxT = std::max(maxT, T);
+            rows[i] = {r, N, T, pending[r], 0, parity[r], nullptr};
+            for (int t = 0; t < T; t++) {
+                Tok tk;
+                tk.q.resize(H * K), tk.k.resize(H * K), tk.v.resize(HV * V), tk.g.resize(HV * K), tk.b.resize(HV);
+                for (auto &x : tk.q) x = (float)nrand();
+                for (auto &x : tk.k) x = (float)nrand();
+                for (auto &x : tk.v) x = (float)nrand();
+                for (auto &x : tk.g) x = (float)(2 * nrand());
+                for (auto &x : tk.b) x = (float)nrand();
+                hq.insert(hq.end(), tk.q.begin(), tk.q.end());
+                hk.insert(hk.end(), tk.k.begin(), tk.k.end());
+                hv.insert(hv.end(), tk.v.begin(), tk.v.end());
+                hg.insert(hg.end(), tk.g.begin(), tk.g.end());
+                hb.insert(hb.end(), tk.b.begin(), tk.b.end());
+                win[r].push_back(tk);
+            }
+            N += T;
+        }
+        up(q, hq), up(k, hk), up(v, hv), up(g, hg), up(b, hb);
+        CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
+        CK(cudaMemset(o, 0xff, (size_t)N * HV * V * 4)); // poison: NaN
+        a.n_rows = B;
+        CK((cudaError_t)kd_kda_prepare(N, H, HV, K, q, k, g, b, dA, ddt, s.lb, (float)s.lbv, s.neg, qn, kn, dec, beta, 0));
+        CK((cudaError_t)kd_kda_verify(&a, mode, maxT, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> og = down(o, (size_t)N * HV * V);
+        for (int i = 0; i < B; i++) {
+            const int r = rows[i].slot;
+            for (int t = 0; t < pending[r]; t++) ref_step(s, A_log, dt, ref[r], last[r][t], nullptr); // the fold
+            std::vector<double> S = ref[r], oref((size_t)HV * V), all;
+            for (int t = 0; t < rows[i].len; t++) {
+                ref_step(s, A_log, dt, S, win[r][t], &oref);
+                all.insert(all.end(), oref.begin(), oref.end());
+            }
+            std::vector<float> got(og.begin() + (size_t)rows[i].start * HV * V,
+                                   og.begin() + (size_t)(rows[i].start + rows[i].len) * HV * V);
+            worst_o = std::max(worst_o, relerr(got, all));
+            last[r] = win[r];
+            pending[r] = 1 + (int)(urand() * rows[i].len);
+            if (mode == KD_KDA_DEFERRED) parity[r] ^= 1;
+        }
+        // now and then: commit some rows eagerly, with a snapshot part way
+        if (step % 3 == 2) {
+            std::vector<kd_kda_row> cr;
+            for (int r = 0; r < B; r += 2) cr.push_back({r, 0, pending[r], 0, 1 + (int)(urand() * pending[r]), parity[r], snap + (size_t)cr.size() * per});
+            CK(cudaMemcpy(drows, cr.data(), cr.size() * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
+            a.n_rows = (int)cr.size();
+            CK((cudaError_t)kd_kda_commit(&a, mode, 0));
+            CK(cudaDeviceSynchronize());
+            std::vector<float> sg = down(a.state, slots * per), sn = down(snap, cr.size() * per);
+            for (size_t i = 0; i < cr.size(); i++) {
+                const int r = cr[i].slot;
+                std::vector<double> S = ref[r];
+                for (int t = 0; t < cr[i].len; t++) {
+                    ref_step(s, A_log, dt, S, last[r][t], nullptr);
+                    if (t + 1 == cr[i].snap_at) {
+                        std::vector<float> got(sn.begin() + i * per, sn.begin() + (i + 1) * per);
+                        worst_s = std::max(worst_s, relerr(got, S));
+                    }
+                }
+                ref[r] = S;
+                std::vector<float> got(sg.begin() + (size_t)r * per, sg.begin() + (size_t)(r + 1) * per);
+                worst_s = std::max(worst_s, relerr(got, S));
+                pending[r] = 0;
+            }
+        }
+    }
+    const double tol = 1e-5;
+    bad = !(worst_o < tol && worst_s < tol);
+    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d: o rel err %.2e, state/snapshot rel err %.2e  %s\n",
+           mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg, worst_o, worst_s,
+           bad ? "FAIL" : "ok");
+    cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored), cudaFree(dA), cudaFree(ddt);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(b), cudaFree(qn), cudaFree(kn), cudaFree(dec);
+    cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
+    return bad;
+}
+
+// -------------------------------------------------------------------------- bench
+
+struct Res {
+    int B, T;
+    double copy_us, def_us, all_us, commit_us;
+};
+
+static double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> ms;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return ms[ms.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    const char *out = argc > 1 ? argv[1] : ".";
+    const char *commit = argc > 2 ? argv[2] : "unknown";
+    int dev = 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    g_rng ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
+    int fails = 0;
+    const Shape shapes[] = {{2, 4, 128, 128, 3, 0, 0, 0}, {2, 2, 32, 32, 5, 1, -5.0, 1}, {1, 3, 64, 48, 2, 0, 0, 1},
+                            {4, 4, 128, 128, 1, 0, 0, 0}, {2, 4, 128, 128, 70, 0, 0, 0}, {1, 4, 64, 64, 130, 1, -3.0, 0}};
+    const int forced[] = {0, 16, 2, 8}; /* the chosen tile shape, then each shape forced */
+    for (int f : forced) {
+        kd_kda_force_r(f);
+        printf("tile shape: %s\n", f == 0 ? "chosen" : f == 16 ? "wide (R=8, 4 columns)" : f == 2 ? "narrow R=2" : "narrow R=8");
+        for (const Shape &s : shapes)
+            for (int m = 0; m < 2; m++) fails += check_shape(s, (kd_kda_mode)m, 8, s.B > 8 ? 4 : 12);
+    }
+    kd_kda_force_r(0);
+    kd_kda_closed_form(1);
+    printf("deferred verify in closed form\n");
+    for (const Shape &s : shapes) fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
+    kd_kda_closed_form(0);
+    if (fails) {
+        printf("CHECK FAILED (%d)\n", fails);
+        return 1;
+    }
+    if (argc > 3 && !strcmp(argv[3], "check")) {
+        printf("ALL CHECKS PASSED\n");
+        return 0;
+    }
+    // ------------------------------------------------------------------- bench
+    const int HV = 32, K = 128, V = 128, H = 32, Tw = 8;
+    const size_t per = (size_t)HV * K * V; // floats per state (2 MiB)
+    const int Bs[] = {1, 8, 32, 64, 128, 256, 512}, Ts[] = {1, 2, 4, 8};
+    std::vector<Res> res;
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    for (int B : Bs) {
+        // enough "layers" that their states exceed the L2 several times over
+        const size_t bytes_layer = (size_t)B * per * 4;
+        const int L = std::max(1, std::min(64, (int)((256ull << 20) / bytes_layer)));
+        std::vector<kd_kda_args> la(L);
+        std::vector<float *> bufs;
+        const int slots = B + 1;
+        kd_kda_row *drows = dalloc<kd_kda_row>(B);
+        const int N = B * Tw;
+        float *tok = dalloc<float>((size_t)N * (3 * H * K + 2 * HV * K + HV * V + HV + HV * V));
+        {
+            std::vector<float> h((size_t)N * (3 * H * K + 2 * HV * K + HV * V + HV + HV * V));
+            for (auto &x : h) x = (float)(0.3 * nrand());
+            up(tok, h);
+        }
+        float *A = dalloc<float>(HV), *dtb = dalloc<float>(HV * K);
+        {
+            std::vector<float> ha(HV), hd(HV * K);
+            for (auto &x : ha) x = (float)log(1 + 15 * urand());
+            for (auto &x : hd) x = (float)(-2.3 - 4.6 * urand());
+            up(A, ha), up(dtb, hd);
+        }
+        float *p = tok;
+        const float *qn = p; p += (size_t)N * H * K;
+        const float *kn = p; p += (size_t)N * H * K;
+        const float *kraw = p; p += (size_t)N * H * K;
+        float *dec = p; p += (size_t)N * HV * K;
+        const float *graw = p; p += (size_t)N * HV * K;
+        const float *vv = p; p += (size_t)N * HV * V;
+        float *bt = p; p += (size_t)N * HV;
+        float *o = p;
+        { // decays in (0, 1): exp of a negative gate
+            std::vector<float> hd((size_t)N * HV * K), hb((size_t)N * HV);
+            for (auto &x : hd) x = (float)exp(-0.05 * urand());
+            for (auto &x : hb) x = (float)urand();
+            up(dec, hd), up(bt, hb);
+        }
+        for (int l = 0; l < L; l++) {
+            kd_kda_args &a = la[l];
+            a = {};
+            a.H = H, a.HV = HV, a.K = K, a.V = V, a.Tw = Tw, a.n_rows = B, a.rows = drows;
+            a.state = dalloc<float>((size_t)slots * per);
+            a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
+            a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
+            a.stored = dalloc<float>((size_t)slots * Tw * per);
+            CK(cudaMemset(a.state, 0, (size_t)slots * per * 4));
+            CK(cudaMemset(a.stored, 0, (size_t)slots * Tw * per * 4));
+            CK(cudaMemset(a.rec_u, 0, (size_t)slots * Tw * HV * V * 4));
+            CK(cudaMemset(a.rec_kg, 0, (size_t)slots * 2 * Tw * HV * 2 * K * 4));
+            a.qn = qn, a.kn = kn, a.decay = dec, a.beta = bt, a.v = vv, a.kraw = kraw, a.graw = graw, a.o = o;
+            a.A_log = A, a.dt_bias = dtb;
+            bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(a.stored);
+        }
+        float *copy_dst = dalloc<float>((size_t)L * B * per);
+        for (int T : Ts) {
+            std::vector<kd_kda_row> rows(B);
+            for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, T, 0, 0, nullptr}; // steady state: fold T
+            CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
+            Res rr = {B, T, 0, 0, 0, 0};
+            for (int what = 0; what < 4; what++) {
+                cudaGraph_t gph;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                for (int l = 0; l < L; l++) {
+                    if (what == 0)
+                        CK(cudaMemcpyAsync(copy_dst + (size_t)l * B * per, la[l].state, (size_t)B * per * 4,
+                                           cudaMemcpyDeviceToDevice, st));
+                    else if (what == 3)
+                        CK((cudaError_t)kd_kda_commit(&la[l], KD_KDA_DEFERRED, st));
+                    else
+                        CK((cudaError_t)kd_kda_verify(&la[l], what == 1 ? KD_KDA_DEFERRED : KD_KDA_STORE_ALL, T, st));
+                }
+                CK(cudaStreamEndCapture(st, &gph));
+                CK(cudaGraphInstantiate(&ge, gph, 0));
+                const double us = time_graph(ge, st, 20) * 1e3 / L;
+                (what == 0 ? rr.copy_us : what == 1 ? rr.def_us : what == 2 ? rr.all_us : rr.commit_us) = us;
+                cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
+            }
+            res.push_back(rr);
+            if (T == 4) { /* how the lanes per column trade registers for parallelism */
+                for (int r = 2; r <= 16; r *= 2) {
+                    kd_kda_force_r(r);
+                    cudaGraph_t gph;
+                    cudaGraphExec_t ge;
+                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                    for (int l = 0; l < L; l++) CK((cudaError_t)kd_kda_verify(&la[l], KD_KDA_DEFERRED, T, st));
+                    CK(cudaStreamEndCapture(st, &gph));
+                    CK(cudaGraphInstantiate(&ge, gph, 0));
+                    printf("  sweep B=%d T=4 %s: deferred %.2f us\n", B, r == 16 ? "wide" : r == 2 ? "R=2" : r == 4 ? "R=4" : "R=8",
+                           time_graph(ge, st, 20) * 1e3 / L);
+                    cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
+                }
+                kd_kda_force_r(0);
+                kd_kda_closed_form(1);
+                cudaGraph_t gph;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                for (int l = 0; l < L; l++) CK((cudaError_t)kd_kda_verify(&la[l], KD_KDA_DEFERRED, T, st));
+                CK(cudaStreamEndCapture(st, &gph));
+                CK(cudaGraphInstantiate(&ge, gph, 0));
+                printf("  sweep B=%d T=4 closed form: deferred %.2f us\n", B, time_graph(ge, st, 20) * 1e3 / L);
+                cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
+                kd_kda_closed_form(0);
+            }
+            printf("B=%3d T=%d: copy %8.2f us  deferred %8.2f us (%.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us\n", B,
+                   T, rr.copy_us, rr.def_us, rr.def_us / rr.copy_us, rr.all_us, rr.all_us / rr.copy_us, rr.commit_us);
+            fflush(stdout);
+        }
+        for (float *b : bufs) cudaFree(b);
+        cudaFree(copy_dst), cudaFree(drows), cudaFree(tok), cudaFree(A), cudaFree(dtb);
+    }
+    // results
+    char path[512];
+    snprintf(path, sizeof path, "%s/kda_h200.json", out);
+    FILE *js = fopen(path, "w");
+    snprintf(path, sizeof path, "%s/kda_h200.md", out);
+    FILE *md = fopen(path, "w");
+    time_t tt = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
+    fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"kda_check\",\"state\":\"HV=32 K=V=128 fp32\",\"results\":[", prop.name, date, commit);
+    fprintf(md, "# KDA layer step on the GPU: deferred verify vs store-all vs the copy floor\n\n"
+                "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (kda_check)\n\n"
+                "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request); a CUDA graph of L "
+                "layers (L chosen so the states exceed L2), median of 20 replays, per layer. copy floor: a "
+                "device-to-device copy of the same B states (read + write), same graph form. Window fold = T "
+                "(every draft accepted last step).\n\n"
+                "| B | T | copy floor (us) | deferred (us) | deferred / copy | store-all (us) | store-all / copy | eager commit (us) |\n"
+                "|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
+    for (size_t i = 0; i < res.size(); i++) {
+        const Res &r = res[i];
+        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"store_all_us\":%.3f,\"commit_us\":%.3f}",
+                i ? "," : "", r.B, r.T, r.copy_us, r.def_us, r.all_us, r.commit_us);
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T, r.copy_us, r.def_us,
+                r.def_us / r.copy_us, r.all_us, r.all_us / r.copy_us, r.commit_us);
+    }
+    fprintf(js, "]}\n");
+    fclose(js), fclose(md);
+    printf("ALL CHECKS PASSED\n");
+    return 0;
+}

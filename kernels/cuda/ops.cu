@@ -1,0 +1,279 @@
+// ops.cu: see ops.cuh. Plain kernels written for correctness against the CPU reference
+// (cpu/ops.c), in the same operation order where that is cheap (conv taps, norms with a
+// double sum of squares, sigmoid as 1 / (1 + exp(-x))); the fast paths come later.
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include "kernels/cuda/ops.cuh"
+
+namespace {
+
+constexpr int kBlock = 256;
+
+__device__ __forceinline__ float sigmoid_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float silu_(float x) { return x * sigmoid_(x); }
+
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// A 1-D grid for n elements with a grid-stride loop (at most 2^20 blocks).
+inline unsigned blocks_for(int64_t n) {
+    int64_t b = (n + kBlock - 1) / kBlock;
+    if (b < 1) b = 1;
+    if (b > (1 << 20)) b = 1 << 20;
+    return (unsigned)b;
+}
+
+#define GRID_LOOP(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+template <class W>
+__global__ void embed_kernel(const W *table, const int32_t *tok, int64_t N, int64_t D, float *x) {
+    GRID_LOOP(i, N * D) {
+        const int64_t t = i / D, c = i % D;
+        x[i] = to_f32(table[(int64_t)tok[t] * D + c]);
+    }
+}
+
+// Block-wide sum of a double (blockDim.x a multiple of 32, at most 1024).
+__device__ double block_sum(double v) {
+    __shared__ double part[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    __syncthreads(); // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    double s = 0;
+    const int nw = (int)(blockDim.x + 31) / 32;
+    for (int w = 0; w < nw; w++) s += part[w];
+    return s;
+}
+
+template <class Y>
+__global__ void rmsnorm_kernel(Y *y, const float *x, const int32_t *rows, int64_t D, const float *w, double eps) {
+    const int64_t m = blockIdx.x;
+    const float *xr = x + (rows ? (int64_t)rows[m] : m) * D;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss);
+    const float r = (float)(1.0 / sqrt(ss / (double)D + eps));
+    Y *yr = y + m * D;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = from_f32<Y>(xr[i] * r * w[i]);
+}
+
+template <class Y>
+__global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld, int64_t off, int64_t width) {
+    GRID_LOOP(i, N * width) {
+        const int64_t t = i / width, c = i % width;
+        dst[i] = from_f32<Y>(src[t * ld + off + c]);
+    }
+}
+
+__global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
+                                 const kd_cu_tok *toks, const float *win, const float *w, int W, float *xrec,
+                                 int Tw, float *q, float *k, float *v) {
+    const int64_t C = 2 * QK + VD, Hw = W - 1;
+    GRID_LOOP(i, N * C) {
+        const int64_t t = i / C, c = i % C;
+        const float xt = proj[t * P + c];
+        float y;
+        if (w) {
+            const kd_cu_tok tk = toks[t];
+            const float *wc = w + c * W;
+            const float *hist = win + ((int64_t)tk.slot * C + c) * Hw;
+            float acc = wc[Hw] * xt;
+            for (int64_t j = 0; j < Hw; j++) {
+                // history j holds the input at row position pos - Hw + j
+                const int64_t tau = tk.pos - Hw + j;
+                const float xv = tau >= 0 ? proj[(tk.start + tau) * P + c] : hist[Hw + tau];
+                acc += wc[j] * xv;
+            }
+            y = silu_(acc);
+            if (tk.verify) xrec[((int64_t)tk.slot * Tw + tk.pos) * C + c] = xt;
+        } else {
+            y = silu_(xt);
+        }
+        if (c < QK) q[t * QK + c] = y;
+        else if (c < 2 * QK) k[t * QK + (c - QK)] = y;
+        else v[t * VD + (c - 2 * QK)] = y;
+    }
+}
+
+__global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,
+                                 const float *xrec, int Tw, const float *proj, int64_t P) {
+    const int64_t Hw = W - 1;
+    GRID_LOOP(i, (int64_t)n_folds * C) {
+        const kd_cu_fold f = folds[i / C];
+        const int64_t c = i % C, n = f.n;
+        float *hw = win + ((int64_t)f.slot * C + c) * Hw;
+        for (int64_t j = 0; j < Hw; j++) { // ascending: reads only ahead of what it writes
+            const int64_t src = j + n - Hw; // input index when j + n >= Hw
+            float val;
+            if (j + n < Hw) val = hw[j + n];
+            else if (f.start >= 0) val = proj[((int64_t)f.start + src) * P + c];
+            else val = xrec[((int64_t)f.slot * Tw + f.rec_off + src) * C + c];
+            hw[j] = val;
+        }
+    }
+}
+
+// One block per (column tile of 32, value head, prefill row); a thread owns one value
+// column of the head's state (K rows in registers). Per token, the block stages q, k and
+// the decay in shared memory.
+template <int K>
+__global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int H, int HV, int V, float *state,
+                                                     const float *qn, const float *kn, const float *decay,
+                                                     const float *beta, const float *v, float *o) {
+    __shared__ float sq[K], sk[K], sd[K];
+    const kd_cu_prow r = rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (HV / H);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool live = j < V;
+    float *S = state + ((size_t)r.slot * HV + h) * (size_t)K * V;
+    float st[K];
+#pragma unroll
+    for (int c = 0; c < K; c++) st[c] = live ? S[(size_t)c * V + j] : 0.f;
+    for (int t = 0; t < r.len; t++) {
+        const size_t n = (size_t)r.start + t;
+        __syncthreads();
+        for (int c = threadIdx.x; c < K; c += blockDim.x) {
+            sq[c] = qn[(n * H + hk) * K + c];
+            sk[c] = kn[(n * H + hk) * K + c];
+            sd[c] = decay[(n * HV + h) * K + c];
+        }
+        __syncthreads();
+        const float b = beta[n * HV + h];
+        float ks = 0.f;
+#pragma unroll
+        for (int c = 0; c < K; c++) {
+            st[c] *= sd[c];
+            ks += sk[c] * st[c];
+        }
+        const float u = b * ((live ? v[(n * HV + h) * V + j] : 0.f) - ks);
+        float os = 0.f;
+#pragma unroll
+        for (int c = 0; c < K; c++) {
+            st[c] += sk[c] * u;
+            os += sq[c] * st[c];
+        }
+        if (live) o[(n * HV + h) * V + j] = os;
+    }
+    if (live)
+#pragma unroll
+        for (int c = 0; c < K; c++) S[(size_t)c * V + j] = st[c];
+}
+
+// One warp per (token, value head).
+template <class Y>
+__global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
+                                     int64_t NH, int HV, int V, double eps) {
+    const int64_t th = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (th >= NH) return;
+    const int h = (int)(th % HV);
+    const float *ot = o + th * V, *gt = gate + th * V, *bt = bias + (int64_t)h * V;
+    double ss = 0;
+    for (int i = lane; i < V; i += 32) ss += (double)ot[i] * ot[i];
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    const float r = (float)(1.0 / sqrt(ss / (double)V + eps));
+    for (int i = lane; i < V; i += 32) y[th * V + i] = from_f32<Y>(ot[i] * r * w[i] * sigmoid_(gt[i] + bt[i]));
+}
+
+template <class Y>
+__global__ void swiglu_kernel(Y *y, const float *gu, int64_t N, int64_t FF) {
+    GRID_LOOP(i, N * FF) {
+        const int64_t t = i / FF, c = i % FF;
+        const float *row = gu + t * 2 * FF;
+        y[i] = from_f32<Y>(silu_(row[c]) * row[FF + c]);
+    }
+}
+
+} // namespace
+
+cudaError_t kd_cu_embed(int table_bf16, const void *table, const int32_t *tok, int64_t N, int64_t D, float *x,
+                        cudaStream_t s) {
+    if (N <= 0) return cudaSuccess;
+    if (table_bf16)
+        embed_kernel<<<blocks_for(N * D), kBlock, 0, s>>>((const __nv_bfloat16 *)table, tok, N, D, x);
+    else
+        embed_kernel<<<blocks_for(N * D), kBlock, 0, s>>>((const float *)table, tok, N, D, x);
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *rows, int64_t M, int64_t D,
+                          const float *w, double eps, cudaStream_t s) {
+    if (M <= 0) return cudaSuccess;
+    if (M > 0x7fffffff) return cudaErrorInvalidValue;
+    if (out_bf16) rmsnorm_kernel<<<(unsigned)M, kBlock, 0, s>>>((__nv_bfloat16 *)y, x, rows, D, w, eps);
+    else rmsnorm_kernel<<<(unsigned)M, kBlock, 0, s>>>((float *)y, x, rows, D, w, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld, int64_t off,
+                            int64_t width, cudaStream_t s) {
+    if (N <= 0 || width <= 0) return cudaSuccess;
+    if (out_bf16)
+        copy_cols_kernel<<<blocks_for(N * width), kBlock, 0, s>>>((__nv_bfloat16 *)dst, src, N, ld, off, width);
+    else
+        copy_cols_kernel<<<blocks_for(N * width), kBlock, 0, s>>>((float *)dst, src, N, ld, off, width);
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD, const kd_cu_tok *toks,
+                            const float *win, const float *w, int W, float *xrec, int Tw, float *q, float *k,
+                            float *v, cudaStream_t s) {
+    if (N <= 0) return cudaSuccess;
+    if (w && W < 1) return cudaErrorInvalidValue;
+    conv_silu_kernel<<<blocks_for(N * (2 * QK + VD)), kBlock, 0, s>>>(proj, P, N, QK, VD, toks, win, w, W, xrec, Tw,
+                                                                     q, k, v);
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, const float *xrec,
+                            int Tw, const float *proj, int64_t P, cudaStream_t s) {
+    if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
+    conv_fold_kernel<<<blocks_for((int64_t)n_folds * C), kBlock, 0, s>>>(folds, n_folds, C, W, win, xrec, Tw, proj,
+                                                                        P);
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,
+                          const float *qn, const float *kn, const float *decay, const float *beta, const float *v,
+                          float *o, cudaStream_t s) {
+    if (n_rows <= 0) return cudaSuccess;
+    if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)n_rows);
+    switch (K) {
+    case 32: prefill_kernel<32><<<grid, 32, 0, s>>>(rows, H, HV, V, state, qn, kn, decay, beta, v, o); break;
+    case 64: prefill_kernel<64><<<grid, 32, 0, s>>>(rows, H, HV, V, state, qn, kn, decay, beta, v, o); break;
+    case 128: prefill_kernel<128><<<grid, 32, 0, s>>>(rows, H, HV, V, state, qn, kn, decay, beta, v, o); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const float *gate, const float *bias,
+                                const float *w, int64_t N, int HV, int V, double eps, cudaStream_t s) {
+    const int64_t NH = N * HV;
+    if (NH <= 0) return cudaSuccess;
+    const int64_t blocks = (NH + 3) / 4;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    if (out_bf16)
+        gated_rmsnorm_kernel<<<(unsigned)blocks, 128, 0, s>>>((__nv_bfloat16 *)y, o, gate, bias, w, NH, HV, V, eps);
+    else
+        gated_rmsnorm_kernel<<<(unsigned)blocks, 128, 0, s>>>((float *)y, o, gate, bias, w, NH, HV, V, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {
+    if (N <= 0) return cudaSuccess;
+    if (out_bf16) swiglu_kernel<<<blocks_for(N * FF), kBlock, 0, s>>>((__nv_bfloat16 *)y, gu, N, FF);
+    else swiglu_kernel<<<blocks_for(N * FF), kBlock, 0, s>>>((float *)y, gu, N, FF);
+    return cudaGetLastError();
+}

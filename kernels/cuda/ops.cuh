@@ -1,0 +1,83 @@
+// ops.cuh: the CUDA operators of the KDA forward other than the recurrence (kda.cuh): the
+// device side of the CUDA backend (cuda_backend.cu), mirroring the CPU reference operators
+// (cpu/ops.c) one for one. Host launchers, all asynchronous on the given stream; each
+// returns the launch's cudaError_t (cudaSuccess, or the error of the launch itself).
+//
+// Element types: the residual stream, GEMM outputs, norms, gates, conv and recurrence are
+// fp32. `bf16` selects the type of what a launcher writes for a GEMM to read (0: float,
+// 1: __nv_bfloat16): the bf16 activation mode feeds bf16 into cuBLAS.
+//
+// Per-slot state buffers (one layer): conv windows win [slots+1][C][W-1] (oldest first, the
+// CPU layout), conv input records xrec [slots+1][Tw][C], recurrent states [slots+1][HV][K][V].
+#ifndef KD_CUDA_OPS_CUH
+#define KD_CUDA_OPS_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// One token of a batch: its row's slot, its position in the row, the row's first token
+// in the batch, and whether the row is a verify window (its conv inputs are recorded).
+typedef struct kd_cu_tok {
+    int32_t slot, pos, start, verify;
+} kd_cu_tok;
+
+// A conv window fold: win(slot) becomes the last W-1 inputs of (win, x_0..x_{n-1}), with
+// x_i = proj[start + i] (start >= 0: a prefill row's own inputs) or
+// x_i = xrec(slot)[rec_off + i] (start < 0: a verify window's records).
+typedef struct kd_cu_fold {
+    int32_t slot, n, start, rec_off;
+} kd_cu_fold;
+
+// A prefill row of the recurrence: tokens [start, start + len) of the batch, advancing the
+// committed state of `slot` in place.
+typedef struct kd_cu_prow {
+    int32_t slot, start, len, pad;
+} kd_cu_prow;
+
+// x[t][:] = table[tok[t]][:] (table: [vocab][D], float or bf16 per table_bf16), x fp32.
+cudaError_t kd_cu_embed(int table_bf16, const void *table, const int32_t *tok, int64_t N,
+                        int64_t D, float *x, cudaStream_t s);
+
+// y[m] = rms(x[rows ? rows[m] : m], w) for m < M (vectors of D; eps as the CPU: sum of
+// squares in double). y: [M][D], float or bf16 per out_bf16.
+cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *rows, int64_t M,
+                          int64_t D, const float *w, double eps, cudaStream_t s);
+
+// dst[t][i] = src[t * ld + off + i] for t < N, i < width (dst dense [N][width], float or
+// bf16 per out_bf16).
+cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld,
+                            int64_t off, int64_t width, cudaStream_t s);
+
+// Short conv + SiLU of the q | k | v channels (C = 2*QK + VD) of the fused projection
+// proj [N][P] (channels at columns 0..C-1), per token from its slot's window and the
+// earlier inputs of its row: y_t = silu(w[W-1] x_t + sum_j w[j] hist_j). Writes q [N][QK],
+// k [N][QK], v [N][VD]; a verify row's inputs go to xrec(slot)[pos]. w == NULL: no conv,
+// y = silu(x) (win, xrec unused). The windows are only read.
+cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
+                            const kd_cu_tok *toks, const float *win, const float *w, int W,
+                            float *xrec, int Tw, float *q, float *k, float *v, cudaStream_t s);
+
+// Conv window folds (kd_cu_fold), one thread per (fold, channel).
+cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,
+                            const float *xrec, int Tw, const float *proj, int64_t P,
+                            cudaStream_t s);
+
+// The KDA recurrence of prefill rows, token by token, on the committed state in place:
+// S <- diag(decay) S; u = beta (v - S^T kn); S += kn u^T; o = S^T qn (KDA.md §2.6).
+// qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state
+// [slots+1][HV][K][V]. K must be 32, 64 or 128 (else cudaErrorInvalidValue).
+cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V,
+                          float *state, const float *qn, const float *kn, const float *decay,
+                          const float *beta, const float *v, float *o, cudaStream_t s);
+
+// Per (token, value head): y = rms(o, w) * sigmoid(gate + bias), o and gate [N][HV][V],
+// bias [HV][V], w [V]. y: [N][HV][V], float or bf16 per out_bf16.
+cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const float *gate,
+                                const float *bias, const float *w, int64_t N, int HV, int V,
+                                double eps, cudaStream_t s);
+
+// y[t][i] = silu(gu[t][i]) * gu[t][FF + i]; gu [N][2 FF], y [N][FF] (float or bf16).
+cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF,
+                         cudaStream_t s);
+
+#endif

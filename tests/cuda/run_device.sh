@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs the GPU checks and benchmarks on a machine with an NVIDIA GPU, from binaries built
+# elsewhere with Bazel (the GPU machine needs no Bazel):
+#   tests/cuda/run_device.sh BIN_DIR OUT_DIR [ORACLE_DIR]
+#   BIN_DIR: kda_check, cuda_test (and, as they come, the backend's other test binaries)
+#   OUT_DIR: results (kda_h200.json/.md) and logs
+#   ORACLE_DIR: the oracle checkpoints (tiny/, small/) for cuda_test; default $KDECODE_ORACLE,
+#               else ../shared/oracle beside the checkout
+# Checks run first (against float64 references), then compute-sanitizer memcheck and
+# racecheck on the check-only mode, then the benchmarks. Any failure stops the script.
+set -euo pipefail
+bin=${1:?BIN_DIR}
+out=${2:?OUT_DIR}
+commit=${KD_COMMIT:-unknown}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+san=/usr/local/cuda/bin/compute-sanitizer
+if [[ -x $san ]]; then
+  "$san" --tool memcheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/memcheck.txt"
+  "$san" --tool racecheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/racecheck.txt"
+else
+  echo "compute-sanitizer not found at $san" | tee "$out/memcheck.txt"
+fi
+"$bin/kda_check" "$out" "$commit" 2>&1 | tee "$out/kda_check.log"
+
+# The CUDA backend against the CPU backend (random models: every op, every commit mode, fp32
+# and bf16 activations) and the oracle checkpoints (kernels/cuda/cuda_test.cu). memcheck
+# on the quick mode (random models only), then the full run.
+oracle=${3:-${KDECODE_ORACLE:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/oracle}}
+if [[ -x $san ]]; then
+  "$san" --tool memcheck --error-exitcode 3 "$bin/cuda_test" "$oracle" quick > "$out/cuda_test_memcheck.log" 2>&1 \
+    || { tail -40 "$out/cuda_test_memcheck.log"; exit 3; }
+  tail -4 "$out/cuda_test_memcheck.log"
+fi
+"$bin/cuda_test" "$oracle" 2>&1 | tee "$out/cuda_test.log"

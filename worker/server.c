@@ -1,0 +1,2596 @@
+/* server.c: `kdecode serve` (see server.h). gRPC C core with protobuf-c messages.
+ *
+ * Threads: the main thread (start-up, model load, signals, drain, shutdown), --cq-threads
+ * completion-queue threads (every call's batches complete there), the engine thread (owns
+ * the engine, the backend and the model state) and libmicrohttpd's thread for /metrics.
+ *
+ * A call object carries tags for its batches and a reference count: one per batch in
+ * flight, one while the engine owns its request. A Generate call hands its request to the
+ * engine thread as a command; the engine's events append tokens to the call under its
+ * mutex and start a send when none is in flight, so a slow client gets fewer, larger
+ * messages instead of a queue that grows. A cancelled call (client gone, deadline) learns
+ * it from RECV_CLOSE_ON_SERVER and aborts its request; the slot is free after the next
+ * step boundary. */
+#define _GNU_SOURCE
+#include "worker/server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "grpc/reflection/v1/reflection.pb-c.h"
+#include "kd/backend.h"
+#include "kdecode/v1/decoder.pb-c.h"
+#include "proto/reflection_data.h"
+#include "worker/api.h"
+#include "worker/client.h"
+#include "worker/engine.h"
+#include "worker/metrics.h"
+#include "worker/model.h"
+#include "worker/run.h"
+
+#define KD_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------------- logging */
+
+static int g_log_json;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One line per event on stderr: "kdecode: event key=value ..." or a JSON object. */
+static void logf_(const char *event, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(const char *event, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (g_log_json) {
+        char esc[2048];
+        size_t k = 0;
+        for (const char *p = msg; *p && k + 7 < sizeof esc; p++) {
+            if (*p == '"' || *p == '\\') esc[k++] = '\\', esc[k++] = *p;
+            else if ((unsigned char)*p < 0x20) k += (size_t)snprintf(esc + k, sizeof esc - k, "\\u%04x", *p);
+            else esc[k++] = *p;
+        }
+        esc[k] = 0;
+        fprintf(stderr, "{\"ts\":%lld.%03ld,\"event\":\"%s\",\"msg\":\"%s\"}\n", (long long)ts.tv_sec,
+                ts.tv_nsec / 1000000, event, esc);
+    } else {
+        fprintf(stderr, "kdecode: %s %s\n", event, msg);
+    }
+}
+
+/* ------------------------------------------------------------------------- options */
+
+typedef struct serve_opts {
+    const char *listen, *model_dir, *metrics_listen, *role, *backend;
+    const char *tls_cert, *tls_key, *tls_client_ca;
+    kd_engine_config eng;
+    int32_t default_spec, cq_threads, max_message_bytes, retry_pushback_ms;
+    double drain_seconds, handoff_lease_seconds;
+    int64_t max_prompt;
+    const char *peer_tls_ca;
+    int32_t debug_handoff_delay_ms;
+} serve_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kdecode serve --model DIR [--listen HOST:PORT] [flags]\n"
+            "  --listen ADDR            gRPC address (default 127.0.0.1:50051; port 0: any)\n"
+            "  --metrics-listen ADDR    Prometheus /metrics on this HTTP address (default off)\n"
+            "  --role decode|prefill|both   decode: Decoder (Generate, PushState); prefill:\n"
+            "                           Prefiller.Prefill; both: everything (default decode)\n"
+            "  --handoff-lease-seconds S  how long a pushed state waits to be claimed (default 30)\n"
+            "  --peer-tls-ca F          roots to verify decode workers when handing off over TLS\n"
+            "                           (with --tls-cert/--tls-key as the client certificate)\n"
+            "  --debug-handoff-delay-ms MS  sleep between handoff chunks (fault-injection tests)\n"
+            "  --backend cpu|auto       compute backend (auto: CUDA when usable, else CPU)\n"
+            "  --max-seqs N             request slots (default 8)\n"
+            "  --max-queue N            requests waiting beyond the slots (default 64)\n"
+            "  --max-batch-tokens N     tokens per step (default: enough for every slot + 256)\n"
+            "  --max-model-len N        prompt + generated tokens (default 8192)\n"
+            "  --spec-tokens S          default draft tokens per step (default 3)\n"
+            "  --max-spec-tokens S      largest s a request may ask for (default 7)\n"
+            "  --commit deferred|eager|store-all   (default deferred)\n"
+            "  --prefix-block N         prefix cache block (0: off; default 0)\n"
+            "  --prefix-cache-bytes B   prefix cache budget (default 256 MiB)\n"
+            "  --drain-seconds S        grace for running requests on SIGTERM (default 30)\n"
+            "  --cq-threads N           completion-queue threads (default 2)\n"
+            "  --max-message-bytes B    largest request message (default 4 MiB)\n"
+            "  --retry-pushback-ms MS   retry hint sent with RESOURCE_EXHAUSTED (default 200)\n"
+            "  --tls-cert F --tls-key F [--tls-client-ca F]   TLS, mutual TLS with a client CA\n"
+            "  --log-json               log lines as JSON objects\n");
+}
+
+static int parse_opts(int argc, char **argv, serve_opts *o) {
+    enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
+           O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
+           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_HELP };
+    static const struct option opts[] = {
+        {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
+        {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
+        {"backend", required_argument, 0, O_BACKEND}, {"max-seqs", required_argument, 0, O_SEQS},
+        {"max-queue", required_argument, 0, O_QUEUE}, {"max-batch-tokens", required_argument, 0, O_BATCH},
+        {"max-model-len", required_argument, 0, O_LEN}, {"spec-tokens", required_argument, 0, O_SPEC},
+        {"max-spec-tokens", required_argument, 0, O_MAXSPEC}, {"commit", required_argument, 0, O_COMMIT},
+        {"prefix-block", required_argument, 0, O_BLOCK}, {"prefix-cache-bytes", required_argument, 0, O_CACHE},
+        {"drain-seconds", required_argument, 0, O_DRAIN}, {"cq-threads", required_argument, 0, O_CQ},
+        {"max-message-bytes", required_argument, 0, O_MSG}, {"retry-pushback-ms", required_argument, 0, O_PUSH},
+        {"tls-cert", required_argument, 0, O_CERT}, {"tls-key", required_argument, 0, O_KEY},
+        {"tls-client-ca", required_argument, 0, O_CA}, {"log-json", no_argument, 0, O_JSON},
+        {"handoff-lease-seconds", required_argument, 0, O_LEASE}, {"peer-tls-ca", required_argument, 0, O_PEERCA},
+        {"debug-handoff-delay-ms", required_argument, 0, O_DELAY},
+        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    kd_engine_config_defaults(&o->eng);
+    o->listen = "127.0.0.1:50051", o->role = "decode", o->backend = "auto";
+    o->eng.max_seqs = 8, o->eng.max_queue = 64, o->eng.max_spec = 7, o->eng.max_model_len = 8192;
+    o->eng.prefix_cache_bytes = (size_t)256 << 20;
+    o->eng.max_batch_tokens = 0;
+    o->default_spec = 3, o->cq_threads = 2, o->max_message_bytes = 4 << 20, o->retry_pushback_ms = 200;
+    o->drain_seconds = 30, o->handoff_lease_seconds = 30;
+    long long v;
+    unsigned long long u;
+    int c, li = 0;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_LISTEN: o->listen = optarg; break;
+        case O_MODEL: o->model_dir = optarg; break;
+        case O_METRICS: o->metrics_listen = optarg; break;
+        case O_ROLE:
+            o->role = optarg;
+            bad = strcmp(optarg, "decode") && strcmp(optarg, "prefill") && strcmp(optarg, "both");
+            break;
+        case O_LEASE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->handoff_lease_seconds); break;
+        case O_PEERCA: o->peer_tls_ca = optarg; break;
+        case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
+        case O_BACKEND: o->backend = optarg; bad = strcmp(optarg, "cpu") && strcmp(optarg, "auto"); break;
+        case O_SEQS: bad = kd_parse_i64(optarg, 1, 4096, &v); o->eng.max_seqs = (int32_t)v; break;
+        case O_QUEUE: bad = kd_parse_i64(optarg, 0, 1 << 20, &v); o->eng.max_queue = (int32_t)v; break;
+        case O_BATCH: bad = kd_parse_i64(optarg, 1, 1 << 24, &v); o->eng.max_batch_tokens = v; break;
+        case O_LEN: bad = kd_parse_i64(optarg, 2, 1 << 26, &v); o->eng.max_model_len = v; break;
+        case O_SPEC: bad = kd_parse_i64(optarg, 0, 31, &v); o->default_spec = (int32_t)v; break;
+        case O_MAXSPEC: bad = kd_parse_i64(optarg, 0, 31, &v); o->eng.max_spec = (int32_t)v; break;
+        case O_COMMIT: bad = kd_commit_mode_parse(optarg, &o->eng.commit); break;
+        case O_BLOCK: bad = kd_parse_i64(optarg, 0, 1 << 20, &v); o->eng.prefix_block = (int32_t)v; break;
+        case O_CACHE: bad = kd_parse_u64(optarg, &u); o->eng.prefix_cache_bytes = (size_t)u; break;
+        case O_DRAIN: bad = kd_parse_f64(optarg, 0, 86400, &o->drain_seconds); break;
+        case O_CQ: bad = kd_parse_i64(optarg, 1, 64, &v); o->cq_threads = (int32_t)v; break;
+        case O_MSG: bad = kd_parse_i64(optarg, 1024, 1 << 30, &v); o->max_message_bytes = (int32_t)v; break;
+        case O_PUSH: bad = kd_parse_i64(optarg, 0, 3600000, &v); o->retry_pushback_ms = (int32_t)v; break;
+        case O_CERT: o->tls_cert = optarg; break;
+        case O_KEY: o->tls_key = optarg; break;
+        case O_CA: o->tls_client_ca = optarg; break;
+        case O_JSON: g_log_json = 1; break;
+        case O_HELP: usage(stdout); exit(0);
+        default:
+            fprintf(stderr, "kdecode serve: unknown flag or missing value: %s\n", argv[optind - 1]);
+            usage(stderr);
+            return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "kdecode serve: bad value for --%s: '%s'\n", opts[li].name, optarg);
+            return -1;
+        }
+    }
+    if (optind < argc) return fprintf(stderr, "kdecode serve: unexpected argument '%s'\n", argv[optind]), -1;
+    if (!o->model_dir) return fprintf(stderr, "kdecode serve: --model is required\n"), -1;
+    if (!o->tls_cert != !o->tls_key)
+        return fprintf(stderr, "kdecode serve: --tls-cert and --tls-key go together\n"), -1;
+    if (o->tls_client_ca && !o->tls_cert)
+        return fprintf(stderr, "kdecode serve: --tls-client-ca needs --tls-cert and --tls-key\n"), -1;
+    if (o->default_spec > o->eng.max_spec)
+        return fprintf(stderr, "kdecode serve: --spec-tokens %d exceeds --max-spec-tokens %d\n", o->default_spec,
+                       o->eng.max_spec), -1;
+    const int64_t need = (int64_t)o->eng.max_seqs * (1 + o->eng.max_spec) + 1;
+    if (o->eng.max_batch_tokens == 0) o->eng.max_batch_tokens = need + 256;
+    o->max_prompt = o->eng.max_model_len - 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- server state */
+
+enum { ST_LOADING = 0, ST_SERVING, ST_DRAINING, ST_STOPPING };
+
+typedef struct tag {
+    void (*fn)(void *obj, int ok);
+    void *obj;
+} tag;
+
+typedef struct gen_call gen_call;
+typedef struct watch_call watch_call;
+typedef struct handoff handoff;
+
+/* Whatever receives a request's engine events (a Generate or a Prefill call). */
+typedef struct sink {
+    uint64_t eid;
+    void (*on_event)(struct sink *s, const kd_event *ev);
+} sink;
+
+typedef struct sect {
+    uint64_t offset, size, xxh3;
+} sect;
+
+/* Work for the engine thread, in order. Synchronous commands (sync = 1) are answered
+ * through done/result under g_srv.mu and freed by the waiter. */
+typedef struct cmd {
+    enum { CMD_SUBMIT, CMD_ABORT, CMD_ABORT_ALL, CMD_RESERVE, CMD_RELEASE, CMD_WRITE, CMD_VERIFY } kind;
+    sink *sink;
+    const kd_request_params *params;
+    const int32_t *drafts;
+    int32_t n_drafts;
+    int32_t slot;          /* SUBMIT into a reserved slot (-1: queue), RELEASE, WRITE, VERIFY */
+    uint64_t id;           /* ABORT */
+    uint64_t offset;       /* WRITE */
+    uint8_t *data;
+    size_t len;
+    const sect *sects;     /* VERIFY */
+    size_t n_sects;
+    int sync, done, result;
+    struct cmd *next;
+} cmd;
+
+typedef struct server {
+    serve_opts o;
+    grpc_server *gs;
+    grpc_completion_queue *cq;
+    pthread_t *cq_threads;
+    atomic_int state;
+    kd_metrics *metrics;
+    kd_metrics_http *metrics_http;
+    /* the model and engine: the engine thread's */
+    kd_model *model;
+    kd_backend *be;
+    kd_engine *eng;
+    kd_api_limits lim;
+    pthread_t engine_thread;
+    int engine_started;
+    /* everything below under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    cmd *cmd_head, *cmd_tail;
+    int engine_stop;
+    gen_call *live;          /* registry of Generate calls that hold a request */
+    int n_live;
+    int n_calls;             /* call objects alive (for shutdown) */
+    uint64_t next_id;
+    watch_call *watchers;
+    kd_engine_stats snap;    /* published after every step */
+    int64_t tokens_in_flight;
+    handoff *handoffs;       /* states arrived or arriving by PushState */
+    int n_handoffs;
+    int n_prefill;           /* Prefill requests in the engine or handing off */
+    /* engine thread only: engine id -> sink */
+    sink **idmap;
+    size_t idmap_cap;
+} server;
+
+static server g_srv;
+
+static gen_call *registry_find(const char *id);
+static void enqueue_abort_locked(gen_call *g);
+static int handoff_abort_locked(const char *id);
+static void gen_on_event(sink *k, const kd_event *ev);
+typedef struct gen_call gen_call;
+static int handoff_claim(gen_call *g, int32_t *slot, char *msg, size_t len);
+static int run_sync(cmd *c);
+
+/* ------------------------------------------------------------------ message helpers */
+
+static grpc_byte_buffer *pack_bb(const ProtobufCMessage *m) {
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return NULL;
+    protobuf_c_message_pack(m, buf);
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    free(buf);
+    return bb;
+}
+
+/* Flattens a received message; *data must be freed with grpc_slice_unref(*slice). */
+static int read_bb(grpc_byte_buffer *bb, grpc_slice *slice) {
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb)) return -1;
+    *slice = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    return 0;
+}
+
+static void call_ref_count(int delta) {
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.n_calls += delta;
+    pthread_cond_broadcast(&g_srv.cv);
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+/* ------------------------------------------------------------- status-only replies */
+
+/* A call answered with a status and nothing else (unknown method, refusals). */
+typedef struct status_call {
+    tag t;
+    grpc_call *call;
+    grpc_slice details;
+    grpc_metadata trailer;
+    char push[32];
+    int has_trailer;
+    int cancelled;
+} status_call;
+
+static void status_done(void *obj, int ok) {
+    (void)ok;
+    status_call *c = obj;
+    grpc_slice_unref(c->details);
+    grpc_call_unref(c->call);
+    free(c);
+    call_ref_count(-1);
+}
+
+/* Sends initial metadata (unless sent) and the status; takes the call reference. with_close:
+ * also wait for the close (unless the caller already has RECV_CLOSE_ON_SERVER in flight). */
+static void reply_status_ex(grpc_call *call, int initial_sent, int with_close, grpc_status_code code, const char *msg,
+                            long pushback_ms) {
+    status_call *c = calloc(1, sizeof *c);
+    if (!c) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    c->t = (tag){status_done, c};
+    c->call = call;
+    c->details = grpc_slice_from_copied_string(msg);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    int n = 0;
+    if (!initial_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &c->details;
+    if (pushback_ms >= 0) {
+        snprintf(c->push, sizeof c->push, "%ld", pushback_ms);
+        c->trailer.key = grpc_slice_from_static_string("grpc-retry-pushback-ms");
+        c->trailer.value = grpc_slice_from_copied_string(c->push);
+        ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+        ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+        c->has_trailer = 1;
+    }
+    n++;
+    if (with_close) {
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+        n++;
+    }
+    const int has_trailer = c->has_trailer;
+    grpc_slice trailer = c->trailer.value;
+    if (grpc_call_start_batch(call, ops, (size_t)n, &c->t, NULL) != GRPC_CALL_OK) status_done(c, 0);
+    if (has_trailer) grpc_slice_unref(trailer); /* the batch holds its own refs */
+}
+
+static void reply_status(grpc_call *call, int initial_sent, grpc_status_code code, const char *msg, long pushback_ms) {
+    reply_status_ex(call, initial_sent, 1, code, msg, pushback_ms);
+}
+
+/* ---------------------------------------------------------------- health and loads */
+
+static int readiness(void) { return atomic_load(&g_srv.state) == ST_SERVING; }
+
+/* Status of a health service name; -1 if unknown. */
+static int health_status(const char *service) {
+    if (!service[0]) return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING; /* liveness */
+    if (!strcmp(service, "kdecode.v1.Decoder"))
+        return readiness() ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                           : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    return -1;
+}
+
+static void fill_loads(Kdecode__V1__Loads *l) {
+    pthread_mutex_lock(&g_srv.mu);
+    l->slots_total = g_srv.o.eng.max_seqs;
+    l->slots_used = g_srv.snap.slots_used;
+    l->waiting = g_srv.n_live - g_srv.snap.slots_used > 0 ? g_srv.n_live - g_srv.snap.slots_used : 0;
+    l->queue_capacity = g_srv.o.eng.max_queue;
+    l->tokens_in_flight = g_srv.tokens_in_flight;
+    l->handoffs_pending = g_srv.n_handoffs;
+    pthread_mutex_unlock(&g_srv.mu);
+    l->draining = atomic_load(&g_srv.state) >= ST_DRAINING;
+}
+
+/* --------------------------------------------------------------------- unary calls */
+
+typedef enum { U_ABORT, U_LOADS, U_INFO, U_HEALTH } unary_kind;
+
+typedef struct unary_call {
+    tag t;
+    grpc_call *call;
+    unary_kind kind;
+    grpc_byte_buffer *recv;
+    int stage;
+} unary_call;
+
+static void unary_done(void *obj, int ok) {
+    unary_call *c = obj;
+    if (c->stage == 0) {
+        c->stage = 1;
+        grpc_call *call = c->call;
+        grpc_byte_buffer *bb = c->recv;
+        const unary_kind kind = c->kind;
+        free(c);
+        call_ref_count(-1);
+        if (!ok) { /* cancelled before the message came */
+            if (bb) grpc_byte_buffer_destroy(bb);
+            grpc_call_unref(call);
+            return;
+        }
+        if (!bb) {
+            reply_status(call, 1, GRPC_STATUS_INVALID_ARGUMENT, "missing request message", -1);
+            return;
+        }
+        grpc_slice s;
+        if (read_bb(bb, &s)) {
+            grpc_byte_buffer_destroy(bb);
+            reply_status(call, 1, GRPC_STATUS_INTERNAL, "cannot read the request", -1);
+            return;
+        }
+        grpc_byte_buffer_destroy(bb);
+        const uint8_t *data = GRPC_SLICE_START_PTR(s);
+        const size_t len = GRPC_SLICE_LENGTH(s);
+        grpc_byte_buffer *out = NULL;
+        grpc_status_code code = GRPC_STATUS_OK;
+        char msg[512] = "";
+        switch (kind) {
+        case U_ABORT: {
+            char id[KD_REQUEST_ID_MAX + 1];
+            int rc = kd_api_parse_abort(data, len, id, msg, sizeof msg);
+            if (rc) {
+                code = (grpc_status_code)rc;
+                break;
+            }
+            pthread_mutex_lock(&g_srv.mu);
+            gen_call *live = registry_find(id);
+            int found = live != NULL;
+            if (live) enqueue_abort_locked(live);
+            else found = handoff_abort_locked(id);
+            pthread_mutex_unlock(&g_srv.mu);
+            if (!found) {
+                code = GRPC_STATUS_NOT_FOUND;
+                snprintf(msg, sizeof msg, "no live request with id '%s'", id);
+                break;
+            }
+            Kdecode__V1__AbortResponse r = KDECODE__V1__ABORT_RESPONSE__INIT;
+            out = pack_bb(&r.base);
+            break;
+        }
+        case U_LOADS: {
+            Kdecode__V1__GetLoadsRequest *q = kdecode__v1__get_loads_request__unpack(NULL, len, data);
+            if (!q) {
+                code = GRPC_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, sizeof msg, "cannot parse kdecode.v1.GetLoadsRequest");
+                break;
+            }
+            kdecode__v1__get_loads_request__free_unpacked(q, NULL);
+            Kdecode__V1__Loads l = KDECODE__V1__LOADS__INIT;
+            fill_loads(&l);
+            out = pack_bb(&l.base);
+            break;
+        }
+        case U_INFO: {
+            Kdecode__V1__GetServerInfoRequest *q = kdecode__v1__get_server_info_request__unpack(NULL, len, data);
+            if (!q) {
+                code = GRPC_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, sizeof msg, "cannot parse kdecode.v1.GetServerInfoRequest");
+                break;
+            }
+            kdecode__v1__get_server_info_request__free_unpacked(q, NULL);
+            if (atomic_load(&g_srv.state) == ST_LOADING || !g_srv.eng) {
+                code = GRPC_STATUS_UNAVAILABLE;
+                snprintf(msg, sizeof msg, "the model is still loading");
+                break;
+            }
+            char fp[17];
+            snprintf(fp, sizeof fp, "%016" PRIx64, g_srv.model->fingerprint);
+            Kdecode__V1__ServerInfo i = KDECODE__V1__SERVER_INFO__INIT;
+            i.version = KD_VERSION;
+            i.model_fingerprint = fp;
+            i.role = (char *)g_srv.o.role;
+            i.backend = (char *)g_srv.be->ops->name;
+            i.vocab_size = g_srv.model->config.vocab;
+            i.num_layers = g_srv.model->config.n_layers;
+            i.hidden_size = g_srv.model->config.hidden;
+            i.eos_token_id = g_srv.model->eos_token_id;
+            i.max_seqs = g_srv.o.eng.max_seqs;
+            i.max_queue = g_srv.o.eng.max_queue;
+            i.max_model_len = g_srv.o.eng.max_model_len;
+            i.max_spec_tokens = g_srv.o.eng.max_spec;
+            i.default_spec_tokens = g_srv.o.default_spec;
+            i.prefix_block = g_srv.o.eng.prefix_block;
+            i.commit_mode = (char *)kd_commit_mode_name(g_srv.o.eng.commit);
+            i.max_message_bytes = g_srv.o.max_message_bytes;
+            out = pack_bb(&i.base);
+            break;
+        }
+        case U_HEALTH: {
+            Grpc__Health__V1__HealthCheckRequest *q = grpc__health__v1__health_check_request__unpack(NULL, len, data);
+            if (!q) {
+                code = GRPC_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, sizeof msg, "cannot parse grpc.health.v1.HealthCheckRequest");
+                break;
+            }
+            int st = health_status(q->service);
+            if (st < 0) {
+                code = GRPC_STATUS_NOT_FOUND;
+                snprintf(msg, sizeof msg, "unknown service '%.200s'", q->service);
+            } else {
+                Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+                r.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)st;
+                out = pack_bb(&r.base);
+            }
+            grpc__health__v1__health_check_request__free_unpacked(q, NULL);
+            break;
+        }
+        }
+        grpc_slice_unref(s);
+        if (code != GRPC_STATUS_OK || !out) {
+            if (out) grpc_byte_buffer_destroy(out);
+            reply_status(call, 1, code == GRPC_STATUS_OK ? GRPC_STATUS_INTERNAL : code, msg[0] ? msg : "out of memory", -1);
+            return;
+        }
+        /* message + status in one batch, through a status_call that owns the buffer */
+        status_call *sc = calloc(1, sizeof *sc);
+        if (!sc) {
+            grpc_byte_buffer_destroy(out);
+            grpc_call_cancel(call, NULL);
+            grpc_call_unref(call);
+            return;
+        }
+        call_ref_count(1);
+        sc->t = (tag){status_done, sc};
+        sc->call = call;
+        sc->details = grpc_slice_from_static_string("");
+        grpc_op ops[3];
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_MESSAGE;
+        ops[0].data.send_message.send_message = out;
+        ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[1].data.send_status_from_server.status = GRPC_STATUS_OK;
+        ops[1].data.send_status_from_server.status_details = &sc->details;
+        ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[2].data.recv_close_on_server.cancelled = &sc->cancelled;
+        if (grpc_call_start_batch(call, ops, 3, &sc->t, NULL) != GRPC_CALL_OK) status_done(sc, 0);
+        grpc_byte_buffer_destroy(out); /* the batch took its own reference */
+    }
+}
+
+static void unary_start(grpc_call *call, unary_kind kind) {
+    unary_call *c = calloc(1, sizeof *c);
+    if (!c) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    c->t = (tag){unary_done, c};
+    c->call = call;
+    c->kind = kind;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &c->recv;
+    if (grpc_call_start_batch(call, ops, 2, &c->t, NULL) != GRPC_CALL_OK) {
+        grpc_call_unref(call);
+        free(c);
+        call_ref_count(-1);
+    }
+}
+
+/* ------------------------------------------------------------------- Generate calls */
+
+struct gen_call {
+    sink s;                       /* first: the engine's events */
+    tag t_recv, t_close, t_send;
+    grpc_call *call;
+    pthread_mutex_t mu;
+    int refs;
+    kd_generate_req req;
+    grpc_byte_buffer *recv_bb, *send_bb;
+    int close_cancelled;
+    /* outbound, under mu */
+    int32_t *toks;
+    int32_t n_toks, cap_toks;
+    kd_finish finish;
+    kd_usage usage;
+    int engine_done, send_in_flight, final_sent, md_sent, broken, cancel_sent;
+    grpc_slice status_details;
+    double t_arrive, t_first, t_last;
+    int64_t generated;
+    /* registry, under g_srv.mu */
+    gen_call *prev, *next;
+    int registered;
+};
+
+static void gen_unref(gen_call *g) {
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left) return;
+    grpc_call_unref(g->call);
+    if (g->recv_bb) grpc_byte_buffer_destroy(g->recv_bb);
+    if (g->send_bb) grpc_byte_buffer_destroy(g->send_bb);
+    grpc_slice_unref(g->status_details);
+    kd_generate_req_free(&g->req);
+    free(g->toks);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+    call_ref_count(-1);
+}
+
+static gen_call *registry_find(const char *id) { /* g_srv.mu held */
+    for (gen_call *g = g_srv.live; g; g = g->next)
+        if (!strcmp(g->req.request_id, id)) return g;
+    return NULL;
+}
+
+static void registry_remove_locked(gen_call *g) {
+    if (!g->registered) return;
+    if (g->prev) g->prev->next = g->next;
+    else g_srv.live = g->next;
+    if (g->next) g->next->prev = g->prev;
+    g->registered = 0;
+    g_srv.n_live--;
+    g_srv.tokens_in_flight -= g->req.params.max_tokens - g->generated;
+    pthread_cond_broadcast(&g_srv.cv);
+}
+
+static void enqueue_locked(cmd *c) {
+    c->next = NULL;
+    if (g_srv.cmd_tail) g_srv.cmd_tail->next = c;
+    else g_srv.cmd_head = c;
+    g_srv.cmd_tail = c;
+    pthread_cond_broadcast(&g_srv.cv);
+}
+
+static void enqueue_abort_locked(gen_call *g) {
+    cmd *c = calloc(1, sizeof *c);
+    if (!c) return; /* the request runs to its end: bounded by max_tokens */
+    c->kind = CMD_ABORT;
+    c->id = g->s.eid;
+    enqueue_locked(c);
+}
+
+static void gen_send_done(void *obj, int ok);
+
+/* Starts the next send if none is in flight (g->mu held). The last message carries the
+ * finish reason, the usage and the OK status in the same batch. */
+static void gen_maybe_send(gen_call *g) {
+    if (g->send_in_flight || g->final_sent || g->broken) return;
+    const int final = g->engine_done;
+    if (!g->n_toks && !final) return;
+    Kdecode__V1__GenerateResponse r = KDECODE__V1__GENERATE_RESPONSE__INIT;
+    Kdecode__V1__Usage u = KDECODE__V1__USAGE__INIT;
+    r.n_token_ids = (size_t)g->n_toks;
+    r.token_ids = g->toks;
+    if (!g->md_sent) r.request_id = g->req.request_id;
+    if (final) {
+        static const Kdecode__V1__FinishReason map[] = {
+            KDECODE__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, KDECODE__V1__FINISH_REASON__FINISH_REASON_LENGTH,
+            KDECODE__V1__FINISH_REASON__FINISH_REASON_STOP, KDECODE__V1__FINISH_REASON__FINISH_REASON_ABORT,
+            KDECODE__V1__FINISH_REASON__FINISH_REASON_ERROR};
+        r.finish_reason = map[g->finish];
+        u.prompt_tokens = g->usage.prompt_tokens;
+        u.completion_tokens = g->usage.completion_tokens;
+        u.cached_tokens = g->usage.cached_tokens;
+        u.drafted_tokens = g->usage.drafted;
+        u.accepted_tokens = g->usage.accepted;
+        u.steps = g->usage.steps;
+        u.time_to_first_token_seconds = g->t_first > 0 ? g->t_first - g->t_arrive : 0;
+        u.total_seconds = now_s() - g->t_arrive;
+        r.usage = &u;
+    }
+    g->send_bb = pack_bb(&r.base);
+    g->n_toks = 0;
+    if (!g->send_bb) {
+        g->broken = 1;
+        return;
+    }
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!g->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = g->send_bb;
+    if (final) {
+        const int err = g->finish == KD_FINISH_ERROR;
+        g->status_details = grpc_slice_from_static_string(err ? "the compute backend failed" : "");
+        ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[n].data.send_status_from_server.status = err ? GRPC_STATUS_INTERNAL : GRPC_STATUS_OK;
+        ops[n++].data.send_status_from_server.status_details = &g->status_details;
+        g->final_sent = 1;
+    }
+    g->md_sent = 1;
+    g->send_in_flight = 1;
+    g->refs++;
+    if (grpc_call_start_batch(g->call, ops, n, &g->t_send, NULL) != GRPC_CALL_OK) {
+        g->send_in_flight = 0;
+        g->refs--;
+        g->broken = 1;
+    }
+}
+
+static void gen_send_done(void *obj, int ok) {
+    gen_call *g = obj;
+    pthread_mutex_lock(&g->mu);
+    g->send_in_flight = 0;
+    grpc_byte_buffer_destroy(g->send_bb);
+    g->send_bb = NULL;
+    if (!ok) g->broken = 1;
+    gen_maybe_send(g);
+    pthread_mutex_unlock(&g->mu);
+    gen_unref(g);
+}
+
+/* The client is gone or the deadline passed (or the call ended normally). */
+static void gen_close_done(void *obj, int ok) {
+    (void)ok;
+    gen_call *g = obj;
+    if (g->close_cancelled) {
+        pthread_mutex_lock(&g_srv.mu);
+        if (g->registered) enqueue_abort_locked(g);
+        pthread_mutex_unlock(&g_srv.mu);
+        pthread_mutex_lock(&g->mu);
+        g->broken = 1;
+        pthread_mutex_unlock(&g->mu);
+    }
+    gen_unref(g);
+}
+
+static void gen_recv_done(void *obj, int ok) {
+    gen_call *g = obj;
+    grpc_byte_buffer *bb = g->recv_bb;
+    g->recv_bb = NULL;
+    char msg[512] = "";
+    int code = KD_STATUS_OK;
+    long pushback = -1;
+    if (!ok) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        gen_unref(g);
+        return;
+    }
+    if (!bb) {
+        code = KD_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "missing request message");
+    } else {
+        grpc_slice s;
+        if (read_bb(bb, &s)) {
+            code = KD_STATUS_INTERNAL;
+            snprintf(msg, sizeof msg, "cannot read the request");
+        } else {
+            code = kd_api_parse_generate(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), &g_srv.lim, &g->req, msg,
+                                         sizeof msg);
+            grpc_slice_unref(s);
+        }
+        grpc_byte_buffer_destroy(bb);
+    }
+    const int state = atomic_load(&g_srv.state);
+    if (code == KD_STATUS_OK && state != ST_SERVING) {
+        code = KD_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof msg, state == ST_LOADING ? "the worker is loading its model" : "the worker is draining");
+        kd_metrics_add(g_srv.metrics, KD_C_REJECTED_DRAINING, 1);
+    }
+    int32_t slot = -1; /* a claimed handoff's */
+    if (code == KD_STATUS_OK && g->req.handoff_id[0]) code = handoff_claim(g, &slot, msg, sizeof msg);
+    cmd *c = NULL;
+    if (code == KD_STATUS_OK) {
+        c = calloc(1, sizeof *c);
+        pthread_mutex_lock(&g_srv.mu);
+        if (!g->req.request_id[0]) snprintf(g->req.request_id, sizeof g->req.request_id, "kd-%llu",
+                                            (unsigned long long)(g_srv.next_id + 1));
+        if (!c) {
+            code = KD_STATUS_INTERNAL;
+            snprintf(msg, sizeof msg, "out of memory");
+        } else if (registry_find(g->req.request_id)) {
+            code = KD_STATUS_ALREADY_EXISTS;
+            snprintf(msg, sizeof msg, "a live request already has id '%s'", g->req.request_id);
+        } else if (slot < 0 && g_srv.n_live + g_srv.n_prefill >= g_srv.o.eng.max_seqs + g_srv.o.eng.max_queue) {
+            code = KD_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof msg, "all %d slots and %d queue places are taken; retry later",
+                     g_srv.o.eng.max_seqs, g_srv.o.eng.max_queue);
+            pushback = g_srv.o.retry_pushback_ms;
+        } else {
+            g->s.eid = ++g_srv.next_id;
+            g->prev = NULL, g->next = g_srv.live;
+            if (g_srv.live) g_srv.live->prev = g;
+            g_srv.live = g;
+            g->registered = 1;
+            g_srv.n_live++;
+            g_srv.tokens_in_flight += g->req.params.max_tokens;
+            pthread_mutex_lock(&g->mu);
+            g->refs++; /* the engine's */
+            pthread_mutex_unlock(&g->mu);
+            c->kind = CMD_SUBMIT, c->sink = &g->s, c->params = &g->req.params;
+            c->drafts = g->req.drafts, c->n_drafts = g->req.n_drafts, c->slot = slot;
+            slot = -1; /* the engine's now */
+            enqueue_locked(c);
+            c = NULL;
+        }
+        pthread_mutex_unlock(&g_srv.mu);
+        free(c);
+    }
+    if (slot >= 0) { /* a claimed handoff whose request could not start: free its slot */
+        cmd *r = calloc(1, sizeof *r);
+        if (r) {
+            r->kind = CMD_RELEASE, r->slot = slot;
+            pthread_mutex_lock(&g_srv.mu);
+            enqueue_locked(r);
+            pthread_mutex_unlock(&g_srv.mu);
+        }
+    }
+    if (code != KD_STATUS_OK) {
+        if (code == KD_STATUS_RESOURCE_EXHAUSTED) kd_metrics_add(g_srv.metrics, KD_C_REJECTED_BUSY, 1);
+        else if (code == KD_STATUS_INVALID_ARGUMENT || code == KD_STATUS_ALREADY_EXISTS || code == KD_STATUS_NOT_FOUND)
+            kd_metrics_add(g_srv.metrics, KD_C_REJECTED_INVALID, 1);
+        pthread_mutex_lock(&g->mu);
+        g->final_sent = 1; /* nothing else may be sent */
+        pthread_mutex_unlock(&g->mu);
+        grpc_call_ref(g->call);
+        reply_status_ex(g->call, 0, 0, (grpc_status_code)code, msg, pushback);
+    }
+    gen_unref(g);
+}
+
+static void gen_start(grpc_call *call) {
+    gen_call *g = calloc(1, sizeof *g);
+    if (!g) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    pthread_mutex_init(&g->mu, NULL);
+    g->call = call;
+    g->s.on_event = gen_on_event;
+    g->t_recv = (tag){gen_recv_done, g};
+    g->t_close = (tag){gen_close_done, g};
+    g->t_send = (tag){gen_send_done, g};
+    g->t_arrive = now_s();
+    g->status_details = grpc_empty_slice();
+    g->refs = 2;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &g->close_cancelled;
+    if (grpc_call_start_batch(call, &op, 1, &g->t_close, NULL) != GRPC_CALL_OK) g->refs--;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &g->recv_bb;
+    if (grpc_call_start_batch(call, &op, 1, &g->t_recv, NULL) != GRPC_CALL_OK) gen_unref(g);
+}
+
+/* ----------------------------------------------------------------- the engine thread */
+
+static size_t idmap_slot(uint64_t id) { return (size_t)(id * 0x9e3779b97f4a7c15ull >> 20); }
+
+static int idmap_put(uint64_t id, sink *g) {
+    size_t cap = g_srv.idmap_cap;
+    for (size_t i = 0; i < cap; i++) {
+        size_t k = (idmap_slot(id) + i) & (cap - 1);
+        if (!g_srv.idmap[k]) return g_srv.idmap[k] = g, 0;
+    }
+    return -1;
+}
+
+static sink *idmap_get(uint64_t id) {
+    size_t cap = g_srv.idmap_cap;
+    for (size_t i = 0; i < cap; i++) {
+        size_t k = (idmap_slot(id) + i) & (cap - 1);
+        if (!g_srv.idmap[k]) return NULL;
+        if (g_srv.idmap[k]->eid == id) return g_srv.idmap[k];
+    }
+    return NULL;
+}
+
+static void idmap_del(uint64_t id) { /* backward-shift deletion */
+    size_t cap = g_srv.idmap_cap, k = 0, i;
+    for (i = 0; i < cap; i++) {
+        k = (idmap_slot(id) + i) & (cap - 1);
+        if (!g_srv.idmap[k]) return;
+        if (g_srv.idmap[k]->eid == id) break;
+    }
+    if (i == cap) return;
+    g_srv.idmap[k] = NULL;
+    for (size_t j = (k + 1) & (cap - 1); g_srv.idmap[j]; j = (j + 1) & (cap - 1)) {
+        size_t home = idmap_slot(g_srv.idmap[j]->eid) & (cap - 1);
+        /* move j back into the hole at k if its home is not within (k, j] */
+        int between = k <= j ? (home > k && home <= j) : (home > k || home <= j);
+        if (!between) g_srv.idmap[k] = g_srv.idmap[j], g_srv.idmap[j] = NULL, k = j;
+    }
+}
+
+static void on_engine_event(void *ctx, const kd_event *ev) {
+    (void)ctx;
+    sink *k = idmap_get(ev->id);
+    if (!k) return;
+    if (ev->finish != KD_FINISH_NONE) idmap_del(ev->id);
+    k->on_event(k, ev);
+}
+
+/* Every request's finish counts, whatever carried it. */
+static void count_finish(kd_finish f) {
+    static const kd_metric_counter reason[] = {KD_C_REQUESTS_FINISHED_LENGTH, KD_C_REQUESTS_FINISHED_LENGTH,
+                                               KD_C_REQUESTS_FINISHED_STOP, KD_C_REQUESTS_FINISHED_ABORT,
+                                               KD_C_REQUESTS_FINISHED_ERROR};
+    kd_metrics_add(g_srv.metrics, reason[f], 1);
+}
+
+static void gen_on_event(sink *k, const kd_event *ev) {
+    gen_call *g = (gen_call *)k;
+    const double t = now_s();
+    pthread_mutex_lock(&g->mu);
+    if (ev->n_tokens > 0) {
+        if (g->n_toks + ev->n_tokens > g->cap_toks) {
+            int32_t cap = (g->n_toks + ev->n_tokens) * 2;
+            int32_t *p = realloc(g->toks, (size_t)cap * sizeof *p);
+            if (p) g->toks = p, g->cap_toks = cap;
+        }
+        if (g->n_toks + ev->n_tokens <= g->cap_toks) {
+            memcpy(g->toks + g->n_toks, ev->tokens, (size_t)ev->n_tokens * sizeof *g->toks);
+            g->n_toks += ev->n_tokens;
+        }
+        if (g->t_first == 0) {
+            g->t_first = t;
+            kd_metrics_observe(g_srv.metrics, KD_H_TTFT, t - g->t_arrive);
+        } else {
+            const double per = (t - g->t_last) / ev->n_tokens;
+            for (int32_t i = 0; i < ev->n_tokens; i++) kd_metrics_observe(g_srv.metrics, KD_H_ITL, per);
+        }
+        g->t_last = t;
+        g->generated += ev->n_tokens;
+        kd_metrics_add(g_srv.metrics, KD_C_GENERATED_TOKENS, (uint64_t)ev->n_tokens);
+    }
+    if (ev->finish != KD_FINISH_NONE) {
+        g->finish = ev->finish;
+        g->usage = ev->usage;
+        g->engine_done = 1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    /* the books first, so that a client that sees its last token also sees them */
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.tokens_in_flight -= ev->n_tokens;
+    if (ev->finish != KD_FINISH_NONE) registry_remove_locked(g);
+    pthread_mutex_unlock(&g_srv.mu);
+    pthread_mutex_lock(&g->mu);
+    gen_maybe_send(g);
+    pthread_mutex_unlock(&g->mu);
+    if (ev->finish != KD_FINISH_NONE) {
+        count_finish(ev->finish);
+        kd_metrics_observe(g_srv.metrics, KD_H_E2E, t - g->t_arrive);
+        gen_unref(g); /* the engine's reference */
+    }
+}
+
+/* Publishes the engine's counters to GetLoads and the metrics after a step. */
+static void publish(const kd_engine_stats *prev, const kd_engine_stats *st) {
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.snap = *st;
+    pthread_mutex_unlock(&g_srv.mu);
+    kd_metrics *m = g_srv.metrics;
+    kd_metrics_set(m, KD_G_SLOTS_USED, st->slots_used);
+    kd_metrics_set(m, KD_G_SLOTS_TOTAL, st->slots_total);
+    kd_metrics_set(m, KD_G_SLOT_UTILISATION, st->slots_total ? (double)st->slots_used / st->slots_total : 0);
+    kd_metrics_set(m, KD_G_RUNNING, st->slots_used);
+    kd_metrics_set(m, KD_G_WAITING, st->waiting);
+    kd_metrics_set(m, KD_G_PREFIX_ENTRIES, (double)st->prefix.entries);
+    kd_metrics_add(m, KD_C_STEPS, (uint64_t)(st->steps - prev->steps));
+    kd_metrics_add(m, KD_C_DRAFTED_TOKENS, (uint64_t)(st->drafted - prev->drafted));
+    kd_metrics_add(m, KD_C_ACCEPTED_TOKENS, (uint64_t)(st->accepted - prev->accepted));
+    kd_metrics_add(m, KD_C_PREFIX_QUERIES, st->prefix.queries - prev->prefix.queries);
+    kd_metrics_add(m, KD_C_PREFIX_HITS, st->prefix.hits - prev->prefix.hits);
+    kd_metrics_add(m, KD_C_PREFIX_HIT_TOKENS, st->prefix.hit_tokens - prev->prefix.hit_tokens);
+}
+
+static void run_cmd(cmd *c) {
+    kd_err err;
+    switch (c->kind) {
+    case CMD_SUBMIT: {
+        sink *k = c->sink;
+        kd_request_params p = *c->params;
+        p.id = k->eid;
+        kd_submit_status rc = KD_SUBMIT_BUSY;
+        if (idmap_put(k->eid, k) == 0) {
+            rc = c->slot >= 0 ? kd_engine_submit_reserved(g_srv.eng, c->slot, &p, &err)
+                              : kd_engine_submit(g_srv.eng, &p, &err);
+            if (rc != KD_SUBMIT_OK) idmap_del(k->eid);
+        } else {
+            snprintf(err.msg, sizeof err.msg, "request table full");
+        }
+        if (rc != KD_SUBMIT_OK) { /* admission counted the places; should not happen */
+            logf_("submit-failed", "engine id %llu: %s", (unsigned long long)k->eid, err.msg);
+            if (c->slot >= 0) kd_engine_release_slot(g_srv.eng, c->slot);
+            kd_event ev = {.id = k->eid, .finish = KD_FINISH_ERROR};
+            k->on_event(k, &ev);
+        } else {
+            kd_metrics_add(g_srv.metrics, KD_C_PROMPT_TOKENS, (uint64_t)p.n_prompt);
+            if (c->n_drafts) kd_engine_set_drafts(g_srv.eng, k->eid, c->drafts, c->n_drafts);
+        }
+        break;
+    }
+    case CMD_ABORT:
+        kd_engine_abort(g_srv.eng, c->id); /* unknown: already finished */
+        break;
+    case CMD_ABORT_ALL: { /* the ids first: aborting changes the map */
+        uint64_t *ids = calloc(g_srv.idmap_cap, sizeof *ids);
+        size_t n = 0;
+        for (size_t i = 0; ids && i < g_srv.idmap_cap; i++)
+            if (g_srv.idmap[i]) ids[n++] = g_srv.idmap[i]->eid;
+        for (size_t i = 0; i < n; i++) kd_engine_abort(g_srv.eng, ids[i]);
+        free(ids);
+        break;
+    }
+    case CMD_RESERVE:
+        c->result = kd_engine_reserve_slot(g_srv.eng);
+        break;
+    case CMD_RELEASE:
+        kd_engine_release_slot(g_srv.eng, c->slot);
+        break;
+    case CMD_WRITE:
+        c->result = kd_backend_state_write_part(g_srv.be, c->slot, c->offset, c->data, c->len, &err);
+        if (c->result) logf_("handoff-write-failed", "%s", err.msg);
+        break;
+    case CMD_VERIFY:
+        c->result = 0;
+        for (size_t i = 0; i < c->n_sects; i++) {
+            uint64_t h = 0;
+            if (kd_backend_state_hash(g_srv.be, c->slot, c->sects[i].offset, c->sects[i].size, &h, &err) ||
+                h != c->sects[i].xxh3) {
+                c->result = (int)i + 1; /* 1-based index of the first bad section */
+                break;
+            }
+        }
+        break;
+    }
+}
+
+/* Runs a command on the engine thread and waits for it (a completion-queue thread waits at
+ * most one engine step). Returns its result. */
+static int run_sync(cmd *c) {
+    c->sync = 1;
+    pthread_mutex_lock(&g_srv.mu);
+    enqueue_locked(c);
+    while (!c->done) pthread_cond_wait(&g_srv.cv, &g_srv.mu);
+    pthread_mutex_unlock(&g_srv.mu);
+    return c->result;
+}
+
+static void *engine_main(void *arg) {
+    (void)arg;
+    kd_engine_stats prev, st;
+    kd_engine_stats_get(g_srv.eng, &prev);
+    for (;;) {
+        pthread_mutex_lock(&g_srv.mu);
+        while (!g_srv.cmd_head && !g_srv.engine_stop && !kd_engine_has_work(g_srv.eng))
+            pthread_cond_wait(&g_srv.cv, &g_srv.mu);
+        if (g_srv.engine_stop && !g_srv.cmd_head) {
+            pthread_mutex_unlock(&g_srv.mu);
+            break;
+        }
+        cmd *list = g_srv.cmd_head;
+        g_srv.cmd_head = g_srv.cmd_tail = NULL;
+        pthread_mutex_unlock(&g_srv.mu);
+        while (list) {
+            cmd *c = list;
+            list = c->next;
+            run_cmd(c);
+            if (c->kind != CMD_WRITE) { /* slots may have changed: GetLoads sees it at once */
+                kd_engine_stats_get(g_srv.eng, &st);
+                publish(&prev, &st);
+                prev = st;
+            }
+            if (c->sync) {
+                pthread_mutex_lock(&g_srv.mu);
+                c->done = 1;
+                pthread_cond_broadcast(&g_srv.cv);
+                pthread_mutex_unlock(&g_srv.mu);
+            } else {
+                free(c->data);
+                free(c);
+            }
+        }
+        if (kd_engine_has_work(g_srv.eng)) {
+            kd_err err;
+            const double t0 = now_s();
+            int rc = kd_engine_step(g_srv.eng, &err);
+            if (rc < 0) logf_("step-failed", "%s", err.msg);
+            else if (rc > 0) kd_metrics_observe(g_srv.metrics, KD_H_STEP, now_s() - t0);
+            kd_engine_stats_get(g_srv.eng, &st);
+            publish(&prev, &st);
+            prev = st;
+        }
+    }
+    return NULL;
+}
+
+/* -------------------------------------------------------------------- Health.Watch */
+
+struct watch_call {
+    tag t_send, t_close, t_recv;
+    grpc_call *call;
+    char service[256];
+    grpc_byte_buffer *recv_bb, *send_bb;
+    int refs, sending, last_sent, dirty, closed, md_sent;
+    int cancelled;
+    watch_call *next;
+};
+
+static void watch_unref_locked(watch_call *w) { /* g_srv.mu held */
+    if (--w->refs) return;
+    for (watch_call **p = &g_srv.watchers; *p; p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    if (w->send_bb) grpc_byte_buffer_destroy(w->send_bb);
+    if (w->recv_bb) grpc_byte_buffer_destroy(w->recv_bb);
+    grpc_call_unref(w->call);
+    free(w);
+    g_srv.n_calls--;
+    pthread_cond_broadcast(&g_srv.cv);
+}
+
+static void watch_send_locked(watch_call *w) {
+    if (w->sending || w->closed) return;
+    int st = health_status(w->service);
+    if (st < 0) st = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+    if (w->md_sent && st == w->last_sent) return;
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)st;
+    if (!(w->send_bb = pack_bb(&r.base))) return;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!w->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = w->send_bb;
+    w->md_sent = 1;
+    w->last_sent = st;
+    w->sending = 1;
+    w->refs++;
+    if (grpc_call_start_batch(w->call, ops, n, &w->t_send, NULL) != GRPC_CALL_OK) w->sending = 0, w->refs--;
+}
+
+static void watch_send_done(void *obj, int ok) {
+    watch_call *w = obj;
+    pthread_mutex_lock(&g_srv.mu);
+    w->sending = 0;
+    grpc_byte_buffer_destroy(w->send_bb);
+    w->send_bb = NULL;
+    if (!ok) w->closed = 1;
+    watch_send_locked(w); /* a change while this one was in flight */
+    watch_unref_locked(w);
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+static void watch_close_done(void *obj, int ok) {
+    (void)ok;
+    watch_call *w = obj;
+    pthread_mutex_lock(&g_srv.mu);
+    w->closed = 1;
+    watch_unref_locked(w);
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+static void watch_recv_done(void *obj, int ok) {
+    watch_call *w = obj;
+    pthread_mutex_lock(&g_srv.mu);
+    if (ok && w->recv_bb) {
+        grpc_slice s;
+        if (!read_bb(w->recv_bb, &s)) {
+            Grpc__Health__V1__HealthCheckRequest *q =
+                grpc__health__v1__health_check_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+            if (q) {
+                snprintf(w->service, sizeof w->service, "%s", q->service);
+                grpc__health__v1__health_check_request__free_unpacked(q, NULL);
+                watch_send_locked(w);
+            } else {
+                grpc_call_cancel_with_status(w->call, GRPC_STATUS_INVALID_ARGUMENT, "cannot parse HealthCheckRequest", NULL);
+            }
+            grpc_slice_unref(s);
+        }
+    } else if (ok) {
+        grpc_call_cancel_with_status(w->call, GRPC_STATUS_INVALID_ARGUMENT, "missing request message", NULL);
+    }
+    watch_unref_locked(w);
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+static void watch_start(grpc_call *call) {
+    watch_call *w = calloc(1, sizeof *w);
+    if (!w) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    w->call = call;
+    w->t_send = (tag){watch_send_done, w};
+    w->t_close = (tag){watch_close_done, w};
+    w->t_recv = (tag){watch_recv_done, w};
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.n_calls++;
+    w->next = g_srv.watchers;
+    g_srv.watchers = w;
+    w->refs = 3; /* close, recv, and ours until both batches are started */
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &w->cancelled;
+    if (grpc_call_start_batch(call, &op, 1, &w->t_close, NULL) != GRPC_CALL_OK) w->refs--;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &w->recv_bb;
+    if (grpc_call_start_batch(call, &op, 1, &w->t_recv, NULL) != GRPC_CALL_OK) w->refs--;
+    watch_unref_locked(w);
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+static void set_state(int st) {
+    atomic_store(&g_srv.state, st);
+    kd_metrics_set(g_srv.metrics, KD_G_READY, st == ST_SERVING);
+    kd_metrics_set(g_srv.metrics, KD_G_DRAINING, st >= ST_DRAINING);
+    pthread_mutex_lock(&g_srv.mu);
+    for (watch_call *w = g_srv.watchers; w; w = w->next) watch_send_locked(w);
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+/* --------------------------------------------------------------- server reflection */
+
+typedef struct refl_call {
+    tag t;
+    grpc_call *call;
+    grpc_byte_buffer *recv_bb, *send_bb;
+    int stage; /* 0: receiving, 1: sending */
+    int md_sent, cancelled;
+    grpc_slice details;
+} refl_call;
+
+static int sym_cmp(const void *key, const void *el) {
+    return strcmp((const char *)key, ((const kd_refl_symbol *)el)->name);
+}
+
+static int file_by_name(const char *name) {
+    for (int i = 0; i < kd_refl_n_files; i++)
+        if (!strcmp(kd_refl_files[i].name, name)) return i;
+    return -1;
+}
+
+/* The file and its transitive dependencies, the file first. */
+static int collect_files(int f, int *out, int n) {
+    for (int i = 0; i < n; i++)
+        if (out[i] == f) return n;
+    out[n++] = f;
+    for (int d = 0; d < kd_refl_files[f].n_deps; d++) n = collect_files(kd_refl_files[f].deps[d], out, n);
+    return n;
+}
+
+static grpc_byte_buffer *refl_answer(const uint8_t *data, size_t len) {
+    Grpc__Reflection__V1__ServerReflectionRequest *q =
+        grpc__reflection__v1__server_reflection_request__unpack(NULL, len, data);
+    Grpc__Reflection__V1__ServerReflectionResponse r = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
+    Grpc__Reflection__V1__ListServiceResponse ls = GRPC__REFLECTION__V1__LIST_SERVICE_RESPONSE__INIT;
+    Grpc__Reflection__V1__ServiceResponse svc[16], *svcp[16];
+    Grpc__Reflection__V1__FileDescriptorResponse fdr = GRPC__REFLECTION__V1__FILE_DESCRIPTOR_RESPONSE__INIT;
+    Grpc__Reflection__V1__ErrorResponse er = GRPC__REFLECTION__V1__ERROR_RESPONSE__INIT;
+    ProtobufCBinaryData files[16];
+    int idx[16];
+    if (!q) {
+        er.error_code = GRPC_STATUS_INVALID_ARGUMENT;
+        er.error_message = "cannot parse ServerReflectionRequest";
+        r.message_response_case = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
+        r.error_response = &er;
+        return pack_bb(&r.base);
+    }
+    r.valid_host = q->host;
+    r.original_request = q;
+    int file = -1;
+    const char *missing = NULL;
+    switch (q->message_request_case) {
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES: {
+        int n = kd_refl_n_services < 16 ? kd_refl_n_services : 16;
+        for (int i = 0; i < n; i++) {
+            grpc__reflection__v1__service_response__init(&svc[i]);
+            svc[i].name = (char *)kd_refl_services[i];
+            svcp[i] = &svc[i];
+        }
+        ls.n_service = (size_t)n;
+        ls.service = svcp;
+        r.message_response_case = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_LIST_SERVICES_RESPONSE;
+        r.list_services_response = &ls;
+        break;
+    }
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
+        file = file_by_name(q->file_by_filename);
+        if (file < 0) missing = "file not found";
+        break;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL: {
+        const char *sym = q->file_containing_symbol[0] == '.' ? q->file_containing_symbol + 1 : q->file_containing_symbol;
+        const kd_refl_symbol *s = bsearch(sym, kd_refl_symbols, (size_t)kd_refl_n_symbols, sizeof *kd_refl_symbols, sym_cmp);
+        if (s) file = s->file;
+        else missing = "symbol not found";
+        break;
+    }
+    default:
+        missing = "extensions are not used by this server";
+        break;
+    }
+    if (file >= 0) {
+        int n = collect_files(file, idx, 0);
+        for (int i = 0; i < n; i++) {
+            files[i].data = (uint8_t *)kd_refl_files[idx[i]].bytes;
+            files[i].len = kd_refl_files[idx[i]].len;
+        }
+        fdr.n_file_descriptor_proto = (size_t)n;
+        fdr.file_descriptor_proto = files;
+        r.message_response_case = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_FILE_DESCRIPTOR_RESPONSE;
+        r.file_descriptor_response = &fdr;
+    } else if (missing) {
+        er.error_code = GRPC_STATUS_NOT_FOUND;
+        er.error_message = (char *)missing;
+        r.message_response_case = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
+        r.error_response = &er;
+    }
+    grpc_byte_buffer *bb = pack_bb(&r.base);
+    grpc__reflection__v1__server_reflection_request__free_unpacked(q, NULL);
+    return bb;
+}
+
+static void refl_step(void *obj, int ok);
+
+static void refl_free(refl_call *c) {
+    if (c->recv_bb) grpc_byte_buffer_destroy(c->recv_bb);
+    if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
+    grpc_slice_unref(c->details);
+    grpc_call_unref(c->call);
+    free(c);
+    call_ref_count(-1);
+}
+
+static void refl_recv(refl_call *c) {
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA, c->md_sent = 1;
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &c->recv_bb;
+    c->stage = 0;
+    if (grpc_call_start_batch(c->call, ops, n, &c->t, NULL) != GRPC_CALL_OK) refl_free(c);
+}
+
+/* The v1 and v1alpha messages are the same on the wire; one handler serves both. */
+static void refl_step(void *obj, int ok) {
+    refl_call *c = obj;
+    if (c->stage == 2 || !ok) { /* the status went out, or the call broke */
+        refl_free(c);
+        return;
+    }
+    if (c->stage == 1) { /* a response went out: wait for the next request */
+        grpc_byte_buffer_destroy(c->send_bb);
+        c->send_bb = NULL;
+        refl_recv(c);
+        return;
+    }
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    if (!c->recv_bb) { /* the client half-closed: finish with OK */
+        c->stage = 2;
+        ops[0].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[0].data.send_status_from_server.status = GRPC_STATUS_OK;
+        ops[0].data.send_status_from_server.status_details = &c->details;
+        ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[1].data.recv_close_on_server.cancelled = &c->cancelled;
+        if (grpc_call_start_batch(c->call, ops, 2, &c->t, NULL) != GRPC_CALL_OK) refl_free(c);
+        return;
+    }
+    grpc_slice s;
+    int bad = read_bb(c->recv_bb, &s);
+    grpc_byte_buffer_destroy(c->recv_bb);
+    c->recv_bb = NULL;
+    if (bad) {
+        refl_free(c);
+        return;
+    }
+    c->send_bb = refl_answer(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+    grpc_slice_unref(s);
+    if (!c->send_bb) {
+        refl_free(c);
+        return;
+    }
+    c->stage = 1;
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = c->send_bb;
+    if (grpc_call_start_batch(c->call, ops, 1, &c->t, NULL) != GRPC_CALL_OK) refl_free(c);
+}
+
+static void refl_start(grpc_call *call) {
+    refl_call *c = calloc(1, sizeof *c);
+    if (!c) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    c->t = (tag){refl_step, c};
+    c->call = call;
+    c->details = grpc_empty_slice();
+    refl_recv(c);
+}
+
+/* -------------------------------------------------------------- the state handoff */
+
+#define KD_HANDOFF_CHUNK (1u << 20)
+
+typedef struct push_call push_call;
+
+struct handoff {
+    char id[KD_REQUEST_ID_MAX + 1];
+    int32_t slot;
+    int ready;                    /* all bytes in and verified: claimable */
+    double expires;
+    int32_t *prompt;              /* prompt then the first token */
+    int64_t n_prompt;             /* including the first token */
+    push_call *push;              /* while receiving */
+    handoff *next;
+};
+
+/* The worker's own layout, as a handoff header must describe it. */
+typedef struct layout_desc {
+    char fingerprint[96];
+    size_t n;
+    char (*names)[48];
+    int64_t (*shapes)[3];
+    int *nd;                     /* dims of each section */
+    sect *sects;                 /* offset and size (xxh3 unused) */
+    uint64_t total;
+} layout_desc;
+
+static layout_desc g_layout;
+
+static int layout_init(void) {
+    const kd_config *c = &g_srv.model->config;
+    const kd_state_layout *l = &g_srv.be->layout;
+    const int conv = l->conv_elems > 0;
+    g_layout.n = (size_t)c->n_layers * (conv ? 2 : 1);
+    g_layout.names = calloc(g_layout.n, sizeof *g_layout.names);
+    g_layout.shapes = calloc(g_layout.n, sizeof *g_layout.shapes);
+    g_layout.sects = calloc(g_layout.n, sizeof *g_layout.sects);
+    g_layout.nd = calloc(g_layout.n, sizeof *g_layout.nd);
+    if (!g_layout.names || !g_layout.shapes || !g_layout.sects || !g_layout.nd) return -1;
+    const size_t es = kd_dtype_size(g_srv.be->state_dtype);
+    size_t k = 0;
+    for (int32_t i = 0; i < c->n_layers; i++) {
+        const uint64_t base = (uint64_t)i * (uint64_t)l->layer_elems * es;
+        snprintf(g_layout.names[k], sizeof g_layout.names[k], "layers.%d.ssm", i);
+        g_layout.shapes[k][0] = c->n_v_heads, g_layout.shapes[k][1] = c->head_k, g_layout.shapes[k][2] = c->head_v;
+        g_layout.nd[k] = 3;
+        g_layout.sects[k++] = (sect){base, (uint64_t)l->ssm_elems * es, 0};
+        if (conv) {
+            snprintf(g_layout.names[k], sizeof g_layout.names[k], "layers.%d.conv", i);
+            g_layout.shapes[k][0] = 2 * kd_config_qk_dim(c) + kd_config_v_dim(c);
+            g_layout.shapes[k][1] = c->conv_size - 1;
+            g_layout.nd[k] = 2;
+            g_layout.sects[k++] = (sect){base + (uint64_t)l->ssm_elems * es, (uint64_t)l->conv_elems * es, 0};
+        }
+    }
+    g_layout.total = kd_backend_state_bytes(g_srv.be);
+    snprintf(g_layout.fingerprint, sizeof g_layout.fingerprint, "%016" PRIx64 "/layout-v1/state-%s",
+             g_srv.model->fingerprint, kd_dtype_name(g_srv.be->state_dtype));
+    return 0;
+}
+
+static void layout_free(void) {
+    free(g_layout.names), free(g_layout.shapes), free(g_layout.sects), free(g_layout.nd);
+    memset(&g_layout, 0, sizeof g_layout);
+}
+
+static handoff *handoff_find_locked(const char *id) {
+    for (handoff *h = g_srv.handoffs; h; h = h->next)
+        if (!strcmp(h->id, id)) return h;
+    return NULL;
+}
+
+static void handoff_unlink_locked(handoff *h) {
+    for (handoff **p = &g_srv.handoffs; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            g_srv.n_handoffs--;
+            break;
+        }
+    kd_metrics_set(g_srv.metrics, KD_G_HANDOFFS_PENDING, g_srv.n_handoffs);
+}
+
+/* Drops a handoff and frees its slot (async on the engine thread). g_srv.mu held. */
+static void handoff_drop_locked(handoff *h, const char *why) {
+    handoff_unlink_locked(h);
+    cmd *c = calloc(1, sizeof *c);
+    if (c) {
+        c->kind = CMD_RELEASE, c->slot = h->slot;
+        enqueue_locked(c);
+    }
+    logf_("handoff-dropped", "id=%s slot=%d: %s", h->id, h->slot, why);
+    free(h->prompt);
+    free(h);
+}
+
+/* Expired leases: called by the main thread every few tens of ms. */
+static void handoff_expire(void) {
+    const double t = now_s();
+    pthread_mutex_lock(&g_srv.mu);
+    for (handoff *h = g_srv.handoffs, *next; h; h = next) {
+        next = h->next;
+        if (h->ready && h->expires < t) {
+            kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
+            handoff_drop_locked(h, "lease expired");
+        }
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+/* Validates a header against this worker. On success *h is a new receiving handoff with a
+ * reserved slot. Returns a status code and message. */
+static int handoff_begin(const Kdecode__V1__HandoffHeader *hd, handoff **out, char *msg, size_t len, long *pushback) {
+    if (hd->version != KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1)
+        return snprintf(msg, len, "handoff version %d is not supported (this worker: 1)", (int)hd->version),
+               KD_STATUS_FAILED_PRECONDITION;
+    if (strcmp(hd->model_fingerprint, g_layout.fingerprint))
+        return snprintf(msg, len, "model fingerprint '%.100s' differs from this worker's '%s'", hd->model_fingerprint,
+                        g_layout.fingerprint), KD_STATUS_FAILED_PRECONDITION;
+    if (!kd_api_valid_request_id(hd->request_id))
+        return snprintf(msg, len, "request_id must be 1..%d printable ASCII characters", KD_REQUEST_ID_MAX),
+               KD_STATUS_INVALID_ARGUMENT;
+    const Kdecode__V1__StateLayout *ly = hd->layout;
+    if (!ly || ly->version != KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1 || ly->total_bytes != g_layout.total ||
+        ly->n_sections != g_layout.n)
+        return snprintf(msg, len, "state layout does not match this worker's (%zu sections, %" PRIu64 " bytes)", g_layout.n,
+                        g_layout.total), KD_STATUS_INVALID_ARGUMENT;
+    for (size_t i = 0; i < g_layout.n; i++) {
+        const Kdecode__V1__StateSection *se = ly->sections[i];
+        const int nd = g_layout.nd[i];
+        int same = !strcmp(se->name, g_layout.names[i]) && !strcmp(se->dtype, kd_dtype_name(g_srv.be->state_dtype)) &&
+                   se->offset == g_layout.sects[i].offset && se->size == g_layout.sects[i].size &&
+                   se->n_shape == (size_t)nd;
+        for (int d = 0; same && d < nd; d++) same = se->shape[d] == g_layout.shapes[i][d];
+        if (!same)
+            return snprintf(msg, len, "state section %zu ('%.60s') does not match this worker's '%s'", i, se->name,
+                            g_layout.names[i]), KD_STATUS_INVALID_ARGUMENT;
+    }
+    const size_t np = hd->n_prompt_token_ids;
+    if (np < 1 || (int64_t)np >= g_srv.o.eng.max_model_len)
+        return snprintf(msg, len, "prompt of %zu tokens outside [1, %lld)", np, (long long)g_srv.o.eng.max_model_len),
+               KD_STATUS_INVALID_ARGUMENT;
+    for (size_t i = 0; i <= np; i++) {
+        const int32_t t = i < np ? hd->prompt_token_ids[i] : hd->first_token;
+        if (t < 0 || t >= g_srv.lim.vocab)
+            return snprintf(msg, len, "%s token %d is outside the vocabulary", i < np ? "prompt" : "first", t),
+                   KD_STATUS_INVALID_ARGUMENT;
+    }
+    if (atomic_load(&g_srv.state) != ST_SERVING)
+        return snprintf(msg, len, "the worker is not serving"), KD_STATUS_UNAVAILABLE;
+    handoff *h = calloc(1, sizeof *h);
+    if (h) h->prompt = malloc((np + 1) * sizeof *h->prompt);
+    if (!h || !h->prompt) {
+        if (h) free(h);
+        return snprintf(msg, len, "out of memory"), KD_STATUS_INTERNAL;
+    }
+    memcpy(h->prompt, hd->prompt_token_ids, np * sizeof *h->prompt);
+    h->prompt[np] = hd->first_token;
+    h->n_prompt = (int64_t)np + 1;
+    snprintf(h->id, sizeof h->id, "%s", hd->request_id);
+    pthread_mutex_lock(&g_srv.mu);
+    const int dup = handoff_find_locked(h->id) || registry_find(h->id);
+    pthread_mutex_unlock(&g_srv.mu);
+    if (dup) {
+        free(h->prompt), free(h);
+        return snprintf(msg, len, "a handoff or live request already has id '%s'", hd->request_id),
+               KD_STATUS_ALREADY_EXISTS;
+    }
+    cmd *c = calloc(1, sizeof *c);
+    if (!c) {
+        free(h->prompt), free(h);
+        return snprintf(msg, len, "out of memory"), KD_STATUS_INTERNAL;
+    }
+    c->kind = CMD_RESERVE;
+    h->slot = run_sync(c);
+    free(c);
+    if (h->slot < 0) {
+        free(h->prompt), free(h);
+        *pushback = g_srv.o.retry_pushback_ms;
+        kd_metrics_add(g_srv.metrics, KD_C_REJECTED_BUSY, 1);
+        return snprintf(msg, len, "no free slot for a handoff; retry later"), KD_STATUS_RESOURCE_EXHAUSTED;
+    }
+    pthread_mutex_lock(&g_srv.mu);
+    int raced = handoff_find_locked(h->id) || registry_find(h->id);
+    if (!raced) {
+        h->next = g_srv.handoffs;
+        g_srv.handoffs = h;
+        g_srv.n_handoffs++;
+        kd_metrics_set(g_srv.metrics, KD_G_HANDOFFS_PENDING, g_srv.n_handoffs);
+    } else {
+        handoff_drop_locked(h, "duplicate id");
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    if (raced) return snprintf(msg, len, "a handoff already has this id"), KD_STATUS_ALREADY_EXISTS;
+    *out = h;
+    return KD_STATUS_OK;
+}
+
+/* PushState: header, chunks, end; one call object, its batches one after another. */
+struct push_call {
+    tag t_recv, t_close;
+    grpc_call *call;
+    pthread_mutex_t mu;
+    int refs;
+    grpc_byte_buffer *recv_bb;
+    int close_cancelled, finished;
+    handoff *h;
+    sect *sects;                  /* the header's checksums */
+    uint64_t received;
+    double t0;
+};
+
+static void push_unref(push_call *p) {
+    pthread_mutex_lock(&p->mu);
+    int left = --p->refs;
+    pthread_mutex_unlock(&p->mu);
+    if (left) return;
+    if (p->recv_bb) grpc_byte_buffer_destroy(p->recv_bb);
+    free(p->sects);
+    grpc_call_unref(p->call);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+    call_ref_count(-1);
+}
+
+/* Ends the push with a status; drops the handoff unless it became claimable. */
+static void push_finish(push_call *p, int code, const char *msg, long pushback, grpc_byte_buffer *reply) {
+    pthread_mutex_lock(&g_srv.mu);
+    if (p->h) {
+        p->h->push = NULL;
+        if (code != KD_STATUS_OK) handoff_drop_locked(p->h, msg);
+        p->h = NULL;
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    if (code != KD_STATUS_OK) kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
+    p->finished = 1;
+    grpc_call_ref(p->call);
+    if (!reply) {
+        reply_status_ex(p->call, 0, 0, (grpc_status_code)code, msg, pushback);
+        return;
+    }
+    status_call *sc = calloc(1, sizeof *sc);
+    if (!sc) {
+        grpc_byte_buffer_destroy(reply);
+        grpc_call_cancel(p->call, NULL);
+        grpc_call_unref(p->call);
+        return;
+    }
+    call_ref_count(1);
+    sc->t = (tag){status_done, sc};
+    sc->call = p->call;
+    sc->details = grpc_empty_slice();
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = reply;
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[2].data.send_status_from_server.status_details = &sc->details;
+    if (grpc_call_start_batch(p->call, ops, 3, &sc->t, NULL) != GRPC_CALL_OK) status_done(sc, 0);
+    grpc_byte_buffer_destroy(reply);
+}
+
+static void push_recv_next(push_call *p) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &p->recv_bb;
+    pthread_mutex_lock(&p->mu);
+    p->refs++;
+    pthread_mutex_unlock(&p->mu);
+    if (grpc_call_start_batch(p->call, &op, 1, &p->t_recv, NULL) != GRPC_CALL_OK) push_unref(p);
+}
+
+static void push_recv_done(void *obj, int ok) {
+    push_call *p = obj;
+    grpc_byte_buffer *bb = p->recv_bb;
+    p->recv_bb = NULL;
+    char msg[512] = "";
+    long pushback = -1;
+    if (!ok || p->finished) { /* the stream broke: the prefill side is gone */
+        if (bb) grpc_byte_buffer_destroy(bb);
+        pthread_mutex_lock(&g_srv.mu);
+        if (p->h) {
+            p->h->push = NULL;
+            handoff_drop_locked(p->h, "stream broken");
+            kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
+            p->h = NULL;
+        }
+        pthread_mutex_unlock(&g_srv.mu);
+        push_unref(p);
+        return;
+    }
+    if (!bb) { /* end of stream: complete? verified? */
+        if (!p->h) {
+            push_finish(p, KD_STATUS_INVALID_ARGUMENT, "empty stream: a HandoffHeader comes first", -1, NULL);
+        } else if (p->received != g_layout.total) {
+            snprintf(msg, sizeof msg, "truncated state: %" PRIu64 " of %" PRIu64 " bytes", p->received, g_layout.total);
+            push_finish(p, KD_STATUS_DATA_LOSS, msg, -1, NULL);
+        } else {
+            cmd *c = calloc(1, sizeof *c);
+            int bad = -1;
+            if (c) {
+                c->kind = CMD_VERIFY, c->slot = p->h->slot, c->sects = p->sects, c->n_sects = g_layout.n;
+                bad = run_sync(c);
+                free(c);
+            }
+            if (bad) {
+                snprintf(msg, sizeof msg, "checksum mismatch in state section %s",
+                         bad > 0 ? g_layout.names[bad - 1] : "(out of memory)");
+                push_finish(p, bad > 0 ? KD_STATUS_DATA_LOSS : KD_STATUS_INTERNAL, msg, -1, NULL);
+            } else {
+                Kdecode__V1__PushStateResponse r = KDECODE__V1__PUSH_STATE_RESPONSE__INIT;
+                pthread_mutex_lock(&g_srv.mu);
+                handoff *h = p->h;
+                h->ready = 1;
+                h->push = NULL;
+                h->expires = now_s() + g_srv.o.handoff_lease_seconds;
+                r.handoff_id = h->id;
+                r.bytes_received = p->received;
+                r.lease_seconds = g_srv.o.handoff_lease_seconds;
+                grpc_byte_buffer *reply = pack_bb(&r.base);
+                p->h = NULL;
+                pthread_mutex_unlock(&g_srv.mu);
+                kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_BYTES, p->received);
+                kd_metrics_observe(g_srv.metrics, KD_H_HANDOFF, now_s() - p->t0);
+                logf_("handoff-ready", "id=%s slot=%d bytes=%" PRIu64 " in %.3f s", r.handoff_id, h->slot, p->received,
+                      now_s() - p->t0);
+                push_finish(p, KD_STATUS_OK, "", -1, reply);
+            }
+        }
+        push_unref(p);
+        return;
+    }
+    grpc_slice s;
+    if (read_bb(bb, &s)) {
+        grpc_byte_buffer_destroy(bb);
+        push_finish(p, KD_STATUS_INTERNAL, "cannot read the message", -1, NULL);
+        push_unref(p);
+        return;
+    }
+    grpc_byte_buffer_destroy(bb);
+    Kdecode__V1__PushStateRequest *m =
+        kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    int code = KD_STATUS_OK;
+    if (!m) {
+        code = KD_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "cannot parse kdecode.v1.PushStateRequest");
+    } else if (!p->h) {
+        if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER) {
+            code = KD_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "a HandoffHeader comes first");
+        } else if ((code = handoff_begin(m->header, &p->h, msg, sizeof msg, &pushback)) == KD_STATUS_OK) {
+            p->sects = calloc(g_layout.n, sizeof *p->sects);
+            if (!p->sects) {
+                code = KD_STATUS_INTERNAL;
+                snprintf(msg, sizeof msg, "out of memory");
+            } else {
+                for (size_t i = 0; i < g_layout.n; i++)
+                    p->sects[i] = (sect){g_layout.sects[i].offset, g_layout.sects[i].size,
+                                         m->header->layout->sections[i]->xxh3};
+                pthread_mutex_lock(&g_srv.mu);
+                p->h->push = p;
+                pthread_mutex_unlock(&g_srv.mu);
+                logf_("handoff-start", "id=%s slot=%d bytes=%" PRIu64, p->h->id, p->h->slot, g_layout.total);
+            }
+        }
+    } else if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_CHUNK) {
+        code = KD_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "a second header in one stream");
+    } else if (m->chunk.len > KD_HANDOFF_CHUNK || m->chunk.len > g_layout.total - p->received) {
+        code = KD_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "chunk of %zu bytes at %" PRIu64 ": chunks are at most 1 MiB and end at %" PRIu64,
+                 m->chunk.len, p->received, g_layout.total);
+    } else if (m->chunk.len) {
+        cmd *c = calloc(1, sizeof *c);
+        uint8_t *data = malloc(m->chunk.len);
+        if (!c || !data) {
+            free(c), free(data);
+            code = KD_STATUS_INTERNAL;
+            snprintf(msg, sizeof msg, "out of memory");
+        } else { /* into the slot, in order, by the engine thread */
+            memcpy(data, m->chunk.data, m->chunk.len);
+            c->kind = CMD_WRITE, c->slot = p->h->slot, c->offset = p->received, c->data = data, c->len = m->chunk.len;
+            p->received += m->chunk.len;
+            pthread_mutex_lock(&g_srv.mu);
+            enqueue_locked(c);
+            pthread_mutex_unlock(&g_srv.mu);
+        }
+    }
+    if (m) kdecode__v1__push_state_request__free_unpacked(m, NULL);
+    if (code != KD_STATUS_OK) push_finish(p, code, msg, pushback, NULL);
+    else push_recv_next(p);
+    push_unref(p);
+}
+
+static void push_close_done(void *obj, int ok) {
+    (void)ok;
+    push_unref((push_call *)obj); /* a broken stream shows in the pending receive */
+}
+
+static void push_start(grpc_call *call) {
+    push_call *p = calloc(1, sizeof *p);
+    if (!p) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    pthread_mutex_init(&p->mu, NULL);
+    p->call = call;
+    p->t_recv = (tag){push_recv_done, p};
+    p->t_close = (tag){push_close_done, p};
+    p->t0 = now_s();
+    p->refs = 2; /* close, and ours until the first receive is started */
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &p->close_cancelled;
+    if (grpc_call_start_batch(call, &op, 1, &p->t_close, NULL) != GRPC_CALL_OK) p->refs--;
+    push_recv_next(p);
+    push_unref(p);
+}
+
+/* Abort of an unclaimed handoff: a ready one is dropped, an arriving one has its stream
+ * cancelled (which drops it). g_srv.mu held. Returns whether there was one. */
+static int handoff_abort_locked(const char *id) {
+    handoff *h = handoff_find_locked(id);
+    if (!h) return 0;
+    if (h->push) grpc_call_cancel_with_status(h->push->call, GRPC_STATUS_CANCELLED, "aborted", NULL);
+    else handoff_drop_locked(h, "aborted");
+    return 1;
+}
+
+/* Generate with a handoff id: the claim. Fills g->req.params from the handoff. */
+static int handoff_claim(gen_call *g, int32_t *slot, char *msg, size_t len) {
+    pthread_mutex_lock(&g_srv.mu);
+    handoff *h = handoff_find_locked(g->req.handoff_id);
+    int code = KD_STATUS_OK;
+    const char *rid = g->req.request_id[0] ? g->req.request_id : g->req.handoff_id;
+    if (registry_find(rid)) {
+        code = KD_STATUS_ALREADY_EXISTS;
+        snprintf(msg, len, "a live request already has id '%s'", rid);
+    } else if (!h || !h->ready) {
+        code = h ? KD_STATUS_FAILED_PRECONDITION : KD_STATUS_NOT_FOUND;
+        snprintf(msg, len, h ? "handoff '%s' is still arriving" : "unknown or already claimed handoff '%s'",
+                 g->req.handoff_id);
+    } else if (h->n_prompt - 1 + g->req.params.max_tokens > g_srv.o.eng.max_model_len) {
+        code = KD_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, len, "prompt (%lld) + max_tokens (%d) exceeds the model length %lld", (long long)(h->n_prompt - 1),
+                 g->req.params.max_tokens, (long long)g_srv.o.eng.max_model_len);
+    } else {
+        handoff_unlink_locked(h);
+        free(g->req.prompt);
+        g->req.prompt = h->prompt;
+        g->req.params.prompt = h->prompt;
+        g->req.params.n_prompt = h->n_prompt;
+        if (!g->req.request_id[0]) snprintf(g->req.request_id, sizeof g->req.request_id, "%s", h->id);
+        *slot = h->slot;
+        free(h);
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    return code;
+}
+
+/* Prefiller.Prefill: the prompt runs here (a one-token request whose state is exported at
+ * its finish), then a thread streams the state to the decode worker and answers the call. */
+typedef struct prefill_call {
+    sink s;                       /* first: the engine's events */
+    tag t_recv, t_close;
+    grpc_call *call;
+    grpc_byte_buffer *recv_bb;
+    int close_cancelled;
+    pthread_mutex_t mu;
+    int refs;
+    char id[KD_REQUEST_ID_MAX + 1], target[256];
+    int32_t *prompt, *stop;
+    kd_request_params params;
+    void *state;
+    int32_t first_token;
+    kd_finish fin;
+    int exported;
+    kd_usage usage;
+    double t0, t_prefilled;
+} prefill_call;
+
+static void prefill_unref(prefill_call *p) {
+    pthread_mutex_lock(&p->mu);
+    int left = --p->refs;
+    pthread_mutex_unlock(&p->mu);
+    if (left) return;
+    if (p->recv_bb) grpc_byte_buffer_destroy(p->recv_bb);
+    free(p->prompt), free(p->stop), free(p->state);
+    grpc_call_unref(p->call);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+    call_ref_count(-1);
+}
+
+static void prefill_reply(prefill_call *p, const Kdecode__V1__PrefillResponse *r, int code, const char *msg) {
+    grpc_call_ref(p->call);
+    if (code != KD_STATUS_OK || !r) {
+        reply_status_ex(p->call, 0, 0, (grpc_status_code)code, msg, -1);
+        return;
+    }
+    grpc_byte_buffer *bb = pack_bb(&r->base);
+    status_call *sc = bb ? calloc(1, sizeof *sc) : NULL;
+    if (!sc) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        reply_status_ex(p->call, 0, 0, GRPC_STATUS_INTERNAL, "out of memory", -1);
+        return;
+    }
+    call_ref_count(1);
+    sc->t = (tag){status_done, sc};
+    sc->call = p->call;
+    sc->details = grpc_empty_slice();
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[2].data.send_status_from_server.status_details = &sc->details;
+    if (grpc_call_start_batch(p->call, ops, 3, &sc->t, NULL) != GRPC_CALL_OK) status_done(sc, 0);
+    grpc_byte_buffer_destroy(bb);
+}
+
+/* The push: a header, then the state in 1 MiB chunks. */
+typedef struct push_src {
+    prefill_call *p;
+    uint8_t *msg;
+    size_t cap;
+    uint64_t sent;
+    int header_done;
+    Kdecode__V1__HandoffHeader *hd;
+} push_src;
+
+static int push_next(void *ctx, const uint8_t **out, size_t *len) {
+    push_src *ps = ctx;
+    Kdecode__V1__PushStateRequest m = KDECODE__V1__PUSH_STATE_REQUEST__INIT;
+    if (!ps->header_done) {
+        m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER;
+        m.header = ps->hd;
+        ps->header_done = 1;
+    } else {
+        if (ps->sent == g_layout.total) return 0;
+        if (ps->sent && g_srv.o.debug_handoff_delay_ms > 0) usleep((useconds_t)g_srv.o.debug_handoff_delay_ms * 1000);
+        const uint64_t n = g_layout.total - ps->sent < KD_HANDOFF_CHUNK ? g_layout.total - ps->sent : KD_HANDOFF_CHUNK;
+        m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_CHUNK;
+        m.chunk.data = (uint8_t *)ps->p->state + ps->sent;
+        m.chunk.len = (size_t)n;
+        ps->sent += n;
+    }
+    size_t need = protobuf_c_message_get_packed_size(&m.base);
+    if (need > ps->cap) {
+        uint8_t *b = realloc(ps->msg, need);
+        if (!b) return -1;
+        ps->msg = b, ps->cap = need;
+    }
+    *len = protobuf_c_message_pack(&m.base, ps->msg);
+    *out = ps->msg;
+    return 1;
+}
+
+static void *prefill_push_main(void *arg) {
+    prefill_call *p = arg;
+    Kdecode__V1__HandoffHeader hd = KDECODE__V1__HANDOFF_HEADER__INIT;
+    Kdecode__V1__StateLayout ly = KDECODE__V1__STATE_LAYOUT__INIT;
+    Kdecode__V1__StateSection *secs = calloc(g_layout.n, sizeof *secs), **secp = calloc(g_layout.n, sizeof *secp);
+    char msg[600] = "";
+    int code = KD_STATUS_OK;
+    uint8_t *resp = NULL;
+    size_t resp_len = 0;
+    const double t_push = now_s();
+    push_src ps = {.p = p, .hd = &hd};
+    kd_client *cl = NULL;
+    if (!secs || !secp) {
+        code = KD_STATUS_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < g_layout.n; i++) {
+        kdecode__v1__state_section__init(&secs[i]);
+        secs[i].name = g_layout.names[i];
+        secs[i].dtype = (char *)kd_dtype_name(g_srv.be->state_dtype);
+        secs[i].n_shape = (size_t)g_layout.nd[i];
+        secs[i].shape = g_layout.shapes[i];
+        secs[i].offset = g_layout.sects[i].offset;
+        secs[i].size = g_layout.sects[i].size;
+        secs[i].xxh3 = XXH3_64bits((const uint8_t *)p->state + secs[i].offset, (size_t)secs[i].size);
+        secp[i] = &secs[i];
+    }
+    ly.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
+    ly.n_sections = g_layout.n;
+    ly.sections = secp;
+    ly.total_bytes = g_layout.total;
+    hd.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
+    hd.request_id = p->id;
+    hd.model_fingerprint = g_layout.fingerprint;
+    hd.n_prompt_token_ids = (size_t)p->params.n_prompt;
+    hd.prompt_token_ids = p->prompt;
+    hd.first_token = p->first_token;
+    hd.layout = &ly;
+    kd_err err;
+    kd_tls_opts tls = {.ca_file = g_srv.o.peer_tls_ca, .cert_file = g_srv.o.peer_tls_ca ? g_srv.o.tls_cert : NULL,
+                       .key_file = g_srv.o.peer_tls_ca ? g_srv.o.tls_key : NULL};
+    kd_call_status st;
+    if (!(cl = kd_client_connect(p->target, &tls, &err))) {
+        code = KD_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "decode worker %s: %.300s", p->target, err.msg);
+    } else if (kd_client_client_stream(cl, "/kdecode.v1.Decoder/PushState", push_next, &ps, 120, &resp, &resp_len, &st,
+                                       &err)) {
+        code = KD_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "decode worker %s: %.300s", p->target, err.msg);
+    } else if (st.code != KD_STATUS_OK) {
+        code = st.code;
+        snprintf(msg, sizeof msg, "decode worker %s: %.300s", p->target, st.details);
+    }
+done:;
+    Kdecode__V1__PushStateResponse *pr = NULL;
+    if (code == KD_STATUS_OK && !(pr = kdecode__v1__push_state_response__unpack(NULL, resp_len, resp))) {
+        code = KD_STATUS_INTERNAL;
+        snprintf(msg, sizeof msg, "decode worker %s: unreadable PushStateResponse", p->target);
+    }
+    const double t_end = now_s();
+    if (code == KD_STATUS_OK) {
+        Kdecode__V1__PrefillResponse r = KDECODE__V1__PREFILL_RESPONSE__INIT;
+        r.handoff_id = pr->handoff_id;
+        r.first_token = p->first_token;
+        r.prompt_tokens = p->params.n_prompt;
+        r.cached_tokens = p->usage.cached_tokens;
+        r.handoff_bytes = g_layout.total;
+        r.prefill_seconds = p->t_prefilled - p->t0;
+        r.handoff_seconds = t_end - t_push;
+        kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_BYTES, g_layout.total);
+        kd_metrics_observe(g_srv.metrics, KD_H_HANDOFF, t_end - t_push);
+        logf_("prefill-handed-off", "id=%s to=%s bytes=%" PRIu64 " in %.3f s", p->id, p->target, g_layout.total,
+              t_end - t_push);
+        prefill_reply(p, &r, KD_STATUS_OK, "");
+    } else {
+        kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
+        logf_("prefill-handoff-failed", "id=%s: %s", p->id, msg);
+        prefill_reply(p, NULL, code, msg);
+    }
+    if (pr) kdecode__v1__push_state_response__free_unpacked(pr, NULL);
+    free(resp), free(ps.msg), free(secs), free(secp);
+    kd_client_close(cl);
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.n_prefill--;
+    pthread_cond_broadcast(&g_srv.cv);
+    pthread_mutex_unlock(&g_srv.mu);
+    prefill_unref(p);
+    return NULL;
+}
+
+static void prefill_on_event(sink *k, const kd_event *ev) {
+    prefill_call *p = (prefill_call *)k;
+    if (ev->n_tokens > 0) p->first_token = ev->tokens[0];
+    if (ev->finish == KD_FINISH_NONE) return;
+    p->fin = ev->finish, p->exported = ev->exported, p->usage = ev->usage;
+    p->t_prefilled = now_s();
+    count_finish(ev->finish);
+    if (ev->finish == KD_FINISH_LENGTH && ev->exported) {
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&th, &at, prefill_push_main, p) == 0) {
+            pthread_attr_destroy(&at);
+            return; /* the thread answers and drops the engine's reference */
+        }
+        pthread_attr_destroy(&at);
+        prefill_reply(p, NULL, KD_STATUS_INTERNAL, "cannot start the handoff");
+    } else if (ev->finish == KD_FINISH_STOP) {
+        Kdecode__V1__PrefillResponse r = KDECODE__V1__PREFILL_RESPONSE__INIT;
+        r.first_token = p->first_token;
+        r.finish_reason = KDECODE__V1__FINISH_REASON__FINISH_REASON_STOP;
+        r.prompt_tokens = p->params.n_prompt;
+        r.cached_tokens = ev->usage.cached_tokens;
+        r.prefill_seconds = p->t_prefilled - p->t0;
+        prefill_reply(p, &r, KD_STATUS_OK, "");
+    } else {
+        prefill_reply(p, NULL, ev->finish == KD_FINISH_ABORT ? KD_STATUS_CANCELLED : KD_STATUS_INTERNAL,
+                      ev->finish == KD_FINISH_ABORT ? "aborted" : "the compute backend failed");
+    }
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.n_prefill--;
+    pthread_cond_broadcast(&g_srv.cv);
+    pthread_mutex_unlock(&g_srv.mu);
+    prefill_unref(p);
+}
+
+static int prefill_parse(prefill_call *p, const uint8_t *data, size_t len, char *msg, size_t msglen) {
+    Kdecode__V1__PrefillRequest *m = kdecode__v1__prefill_request__unpack(NULL, len, data);
+    if (!m) return snprintf(msg, msglen, "cannot parse kdecode.v1.PrefillRequest"), KD_STATUS_INVALID_ARGUMENT;
+    int code = KD_STATUS_INVALID_ARGUMENT;
+    const char *why;
+    kd_sampling s = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
+    if (m->sampling) {
+        s.temperature = m->sampling->temperature, s.top_k = m->sampling->top_k, s.seed = m->sampling->seed;
+        s.top_p = m->sampling->top_p == 0 ? 1 : m->sampling->top_p;
+    }
+    if (m->request_id[0] && !kd_api_valid_request_id(m->request_id))
+        snprintf(msg, msglen, "request_id must be 1..%d printable ASCII characters", KD_REQUEST_ID_MAX);
+    else if (m->n_prompt_token_ids == 0)
+        snprintf(msg, msglen, "prompt_token_ids is empty");
+    else if ((int64_t)m->n_prompt_token_ids >= g_srv.o.eng.max_model_len)
+        snprintf(msg, msglen, "prompt of %zu tokens is longer than the limit %lld", m->n_prompt_token_ids,
+                 (long long)(g_srv.o.eng.max_model_len - 1));
+    else if (!m->decode_target[0] || strlen(m->decode_target) >= sizeof p->target)
+        snprintf(msg, msglen, "decode_target must name the decode worker (host:port)");
+    else if (kd_sampling_check(&s, &why))
+        snprintf(msg, msglen, "sampling: %s", why);
+    else if (m->n_stop_token_ids > 64)
+        snprintf(msg, msglen, "at most 64 stop_token_ids");
+    else
+        code = KD_STATUS_OK;
+    for (size_t i = 0; code == KD_STATUS_OK && i < m->n_prompt_token_ids + m->n_stop_token_ids; i++) {
+        int32_t t = i < m->n_prompt_token_ids ? m->prompt_token_ids[i] : m->stop_token_ids[i - m->n_prompt_token_ids];
+        if (t < 0 || t >= g_srv.lim.vocab) {
+            code = KD_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, msglen, "token id %d is outside the vocabulary [0, %d)", t, g_srv.lim.vocab);
+        }
+    }
+    if (code == KD_STATUS_OK) {
+        p->prompt = malloc(m->n_prompt_token_ids * sizeof *p->prompt);
+        p->stop = malloc((m->n_stop_token_ids + 1) * sizeof *p->stop);
+        if (!p->prompt || !p->stop) {
+            code = KD_STATUS_INTERNAL;
+            snprintf(msg, msglen, "out of memory");
+        } else {
+            memcpy(p->prompt, m->prompt_token_ids, m->n_prompt_token_ids * sizeof *p->prompt);
+            if (m->n_stop_token_ids) memcpy(p->stop, m->stop_token_ids, m->n_stop_token_ids * sizeof *p->stop);
+            snprintf(p->id, sizeof p->id, "%s", m->request_id);
+            snprintf(p->target, sizeof p->target, "%s", m->decode_target);
+            p->params = (kd_request_params){.prompt = p->prompt, .n_prompt = (int64_t)m->n_prompt_token_ids,
+                                            .max_tokens = 1, .sampling = s, .stop_ids = p->stop,
+                                            .n_stop = (int32_t)m->n_stop_token_ids,
+                                            .eos_id = m->ignore_eos ? -1 : g_srv.lim.eos_id};
+        }
+    }
+    kdecode__v1__prefill_request__free_unpacked(m, NULL);
+    return code;
+}
+
+static void prefill_recv_done(void *obj, int ok) {
+    prefill_call *p = obj;
+    grpc_byte_buffer *bb = p->recv_bb;
+    p->recv_bb = NULL;
+    char msg[512] = "";
+    int code = KD_STATUS_OK;
+    if (!ok) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        prefill_unref(p);
+        return;
+    }
+    grpc_slice s;
+    if (!bb) {
+        code = KD_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "missing request message");
+    } else if (read_bb(bb, &s)) {
+        code = KD_STATUS_INTERNAL;
+        snprintf(msg, sizeof msg, "cannot read the request");
+    } else {
+        code = prefill_parse(p, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), msg, sizeof msg);
+        grpc_slice_unref(s);
+    }
+    if (bb) grpc_byte_buffer_destroy(bb);
+    if (code == KD_STATUS_OK && atomic_load(&g_srv.state) != ST_SERVING) {
+        code = KD_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "the worker is not serving");
+    }
+    if (code == KD_STATUS_OK && !(p->state = malloc(g_layout.total))) {
+        code = KD_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(msg, sizeof msg, "no memory for the state of this request");
+    }
+    if (code == KD_STATUS_OK) {
+        p->params.export_state = p->state;
+        cmd *c = calloc(1, sizeof *c);
+        pthread_mutex_lock(&g_srv.mu);
+        if (!p->id[0]) snprintf(p->id, sizeof p->id, "kd-%llu", (unsigned long long)(g_srv.next_id + 1));
+        if (!c) {
+            code = KD_STATUS_INTERNAL;
+            snprintf(msg, sizeof msg, "out of memory");
+        } else if (g_srv.n_live + g_srv.n_prefill >= g_srv.o.eng.max_seqs + g_srv.o.eng.max_queue) {
+            code = KD_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof msg, "all slots and queue places are taken; retry later");
+        } else {
+            p->s.eid = ++g_srv.next_id;
+            g_srv.n_prefill++;
+            pthread_mutex_lock(&p->mu);
+            p->refs++; /* the engine's, then the push thread's */
+            pthread_mutex_unlock(&p->mu);
+            c->kind = CMD_SUBMIT, c->sink = &p->s, c->params = &p->params, c->slot = -1;
+            enqueue_locked(c);
+            c = NULL;
+        }
+        pthread_mutex_unlock(&g_srv.mu);
+        free(c);
+    }
+    if (code != KD_STATUS_OK) {
+        if (code == KD_STATUS_RESOURCE_EXHAUSTED) kd_metrics_add(g_srv.metrics, KD_C_REJECTED_BUSY, 1);
+        prefill_reply(p, NULL, code, msg);
+    }
+    prefill_unref(p);
+}
+
+static void prefill_close_done(void *obj, int ok) {
+    (void)ok;
+    prefill_unref((prefill_call *)obj);
+}
+
+static void prefill_start(grpc_call *call) {
+    prefill_call *p = calloc(1, sizeof *p);
+    if (!p) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    pthread_mutex_init(&p->mu, NULL);
+    p->s.on_event = prefill_on_event;
+    p->call = call;
+    p->t_recv = (tag){prefill_recv_done, p};
+    p->t_close = (tag){prefill_close_done, p};
+    p->t0 = now_s();
+    p->refs = 2;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &p->close_cancelled;
+    if (grpc_call_start_batch(call, &op, 1, &p->t_close, NULL) != GRPC_CALL_OK) p->refs--;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &p->recv_bb;
+    if (grpc_call_start_batch(call, &op, 1, &p->t_recv, NULL) != GRPC_CALL_OK) prefill_unref(p);
+}
+
+/* ------------------------------------------------------------- accepting new calls */
+
+typedef struct acceptor {
+    tag t;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+} acceptor;
+
+static void accept_next(acceptor *a);
+
+static int method_is(const grpc_call_details *d, const char *m) {
+    size_t n = strlen(m);
+    return GRPC_SLICE_LENGTH(d->method) == n && !memcmp(GRPC_SLICE_START_PTR(d->method), m, n);
+}
+
+static void accepted(void *obj, int ok) {
+    acceptor *a = obj;
+    if (!ok) { /* shutting down */
+        grpc_call_details_destroy(&a->details);
+        grpc_metadata_array_destroy(&a->md);
+        free(a);
+        return;
+    }
+    grpc_call *call = a->call;
+    grpc_call_details *d = &a->details;
+    const int decode = strcmp(g_srv.o.role, "prefill") != 0, prefill = strcmp(g_srv.o.role, "decode") != 0;
+    if (decode && method_is(d, "/kdecode.v1.Decoder/Generate")) gen_start(call);
+    else if (decode && method_is(d, "/kdecode.v1.Decoder/PushState")) push_start(call);
+    else if (prefill && method_is(d, "/kdecode.v1.Prefiller/Prefill")) prefill_start(call);
+    else if (method_is(d, "/kdecode.v1.Decoder/Abort")) unary_start(call, U_ABORT);
+    else if (method_is(d, "/kdecode.v1.Decoder/GetLoads")) unary_start(call, U_LOADS);
+    else if (method_is(d, "/kdecode.v1.Decoder/GetServerInfo")) unary_start(call, U_INFO);
+    else if (method_is(d, "/grpc.health.v1.Health/Check")) unary_start(call, U_HEALTH);
+    else if (method_is(d, "/grpc.health.v1.Health/Watch")) watch_start(call);
+    else if (method_is(d, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo") ||
+             method_is(d, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"))
+        refl_start(call);
+    else {
+        char m[300];
+        snprintf(m, sizeof m, "unknown method %.*s", (int)GRPC_SLICE_LENGTH(d->method),
+                 (const char *)GRPC_SLICE_START_PTR(d->method));
+        reply_status(call, 0, GRPC_STATUS_UNIMPLEMENTED, m, -1);
+    }
+    grpc_call_details_destroy(&a->details);
+    grpc_metadata_array_destroy(&a->md);
+    accept_next(a);
+}
+
+static void accept_next(acceptor *a) {
+    a->t = (tag){accepted, a};
+    a->call = NULL;
+    grpc_call_details_init(&a->details);
+    grpc_metadata_array_init(&a->md);
+    if (grpc_server_request_call(g_srv.gs, &a->call, &a->details, &a->md, g_srv.cq, g_srv.cq, &a->t) != GRPC_CALL_OK) {
+        grpc_call_details_destroy(&a->details);
+        grpc_metadata_array_destroy(&a->md);
+        free(a);
+    }
+}
+
+static tag g_shutdown_tag;
+static atomic_int g_shutdown_done;
+
+static void shutdown_done(void *obj, int ok) {
+    (void)obj, (void)ok;
+    atomic_store(&g_shutdown_done, 1);
+}
+
+static void *cq_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(g_srv.cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        tag *t = ev.tag;
+        t->fn(t->obj, ev.success);
+    }
+    return NULL;
+}
+
+/* ----------------------------------------------------------------------- start-up */
+
+static char *read_file(const char *path, kd_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kd_fail(err, "%s: %s", path, strerror(errno)), NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = (n + 4096 + 1) * 2;
+            if (cap > (64u << 20)) break;
+            char *p = realloc(buf, cap);
+            if (!p) break;
+            buf = p;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    fclose(f);
+    if (!buf) return kd_fail(err, "%s: cannot read", path), NULL;
+    buf[n] = 0;
+    return buf;
+}
+
+static grpc_server_credentials *server_creds(const serve_opts *o, kd_err *err) {
+    if (!o->tls_cert) return grpc_insecure_server_credentials_create();
+    char *cert = read_file(o->tls_cert, err), *key = cert ? read_file(o->tls_key, err) : NULL;
+    char *ca = key && o->tls_client_ca ? read_file(o->tls_client_ca, err) : NULL;
+    grpc_server_credentials *c = NULL;
+    if (cert && key && (!o->tls_client_ca || ca)) {
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+        c = grpc_ssl_server_credentials_create_ex(
+            ca, &pair, 1,
+            ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (!c) kd_fail(err, "TLS: cannot use %s / %s", o->tls_cert, o->tls_key);
+    }
+    free(cert), free(key), free(ca);
+    return c;
+}
+
+static volatile sig_atomic_t g_signals;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (++g_signals >= 2) {
+        static const char m[] = "kdecode: second signal, exiting now\n";
+        (void)!write(2, m, sizeof m - 1);
+        _exit(1);
+    }
+}
+
+static int load_model(serve_opts *o) {
+    kd_err err;
+    double t0 = now_s();
+    logf_("loading", "model=%s", o->model_dir);
+    if (!(g_srv.model = kd_model_open(o->model_dir, &err))) return logf_("load-failed", "%s", err.msg), -1;
+    const kd_config *c = &g_srv.model->config;
+    logf_("loading", "config D=%d L=%d H=%d HV=%d K=%d V=%d vocab=%d; converting weights", c->hidden, c->n_layers,
+          c->n_heads, c->n_v_heads, c->head_k, c->head_v, c->vocab);
+    if (!strcmp(o->backend, "auto") && kd_cuda_device_count() > 0)
+        logf_("backend", "a CUDA device is present but this build's CUDA backend is not ready; using the CPU");
+    if (!(g_srv.be = kd_cpu_backend_create(0, &err)) || kd_backend_load(g_srv.be, c, &g_srv.model->tensors, &err))
+        return logf_("load-failed", "%s", err.msg), -1;
+    o->eng.max_queue += o->eng.max_seqs; /* the engine's queue also holds the not yet admitted */
+    if (!(g_srv.eng = kd_engine_create(g_srv.be, g_srv.model->fingerprint, &o->eng, on_engine_event, NULL, &err)))
+        return logf_("load-failed", "%s", err.msg), -1;
+    o->eng.max_queue -= o->eng.max_seqs;
+    if (layout_init()) return logf_("load-failed", "out of memory"), -1;
+    g_srv.lim = (kd_api_limits){.vocab = c->vocab,
+                                .eos_id = g_srv.model->eos_token_id < c->vocab ? g_srv.model->eos_token_id : -1,
+                                .max_model_len = o->eng.max_model_len, .max_spec = o->eng.max_spec,
+                                .default_spec = o->default_spec, .max_prompt = o->max_prompt, .max_stop_ids = 64};
+    size_t cap = 16;
+    while (cap < 2 * (size_t)(o->eng.max_seqs + o->eng.max_queue) + 2) cap *= 2;
+    g_srv.idmap_cap = cap;
+    if (!(g_srv.idmap = calloc(cap, sizeof *g_srv.idmap))) return logf_("load-failed", "out of memory"), -1;
+    logf_("loaded", "model=%s fingerprint=%016" PRIx64 " backend=%s slots=%d in %.2f s", o->model_dir,
+          g_srv.model->fingerprint, g_srv.be->ops->name, o->eng.max_seqs, now_s() - t0);
+    return 0;
+}
+
+int kd_serve_main(int argc, char **argv) {
+    serve_opts *o = &g_srv.o;
+    if (parse_opts(argc, argv, o)) return 2;
+    pthread_mutex_init(&g_srv.mu, NULL);
+    pthread_cond_init(&g_srv.cv, NULL);
+    atomic_store(&g_srv.state, ST_LOADING);
+    g_srv.metrics = kd_metrics_create();
+    if (!g_srv.metrics) return fprintf(stderr, "kdecode serve: out of memory\n"), 1;
+    kd_metrics_set(g_srv.metrics, KD_G_SLOTS_TOTAL, o->eng.max_seqs);
+    kd_err err;
+    int rc = 1;
+    if (o->metrics_listen) {
+        int port = 0;
+        if (!(g_srv.metrics_http = kd_metrics_http_start(g_srv.metrics, o->metrics_listen, &port, &err))) {
+            logf_("error", "metrics: %s", err.msg);
+            kd_metrics_free(g_srv.metrics);
+            return 1;
+        }
+        logf_("metrics", "listening on %s (port %d)", o->metrics_listen, port);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    grpc_init();
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, GRPC_ARG_ALLOW_REUSEPORT, {.integer = 0}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = o->max_message_bytes}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = 64 << 20}},
+        /* routers ping idle connections: accept pings every 10 s, without calls, no strikes */
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, {.integer = 10000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PING_STRIKES, {.integer = 0}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 60000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 20000}},
+    };
+    grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
+    g_srv.cq = grpc_completion_queue_create_for_next(NULL);
+    g_srv.gs = grpc_server_create(&cargs, NULL);
+    grpc_server_register_completion_queue(g_srv.gs, g_srv.cq, NULL);
+    grpc_server_credentials *creds = server_creds(o, &err);
+    int port = creds ? grpc_server_add_http2_port(g_srv.gs, o->listen, creds) : 0;
+    if (creds) grpc_server_credentials_release(creds);
+    if (port <= 0) {
+        logf_("error", "%s", creds ? "cannot listen (address in use or invalid)" : err.msg);
+        fprintf(stderr, "kdecode serve: cannot listen on %s\n", o->listen);
+        grpc_server_destroy(g_srv.gs);
+        grpc_completion_queue_shutdown(g_srv.cq);
+        while (grpc_completion_queue_next(g_srv.cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(g_srv.cq);
+        grpc_shutdown();
+        kd_metrics_http_stop(g_srv.metrics_http);
+        kd_metrics_free(g_srv.metrics);
+        return 1;
+    }
+    grpc_server_start(g_srv.gs);
+    g_srv.cq_threads = calloc((size_t)o->cq_threads, sizeof *g_srv.cq_threads);
+    for (int i = 0; i < o->cq_threads; i++) pthread_create(&g_srv.cq_threads[i], NULL, cq_main, NULL);
+    for (int i = 0; i < 4 * o->cq_threads + 4; i++) {
+        acceptor *a = calloc(1, sizeof *a);
+        if (a) accept_next(a);
+    }
+    /* the port first (scripts read it), then the log line */
+    printf("{\"listening\":\"%s\",\"port\":%d,\"tls\":%s}\n", o->listen, port, o->tls_cert ? "true" : "false");
+    fflush(stdout);
+    logf_("listening", "address=%s port=%d tls=%s mtls=%s", o->listen, port, o->tls_cert ? "yes" : "no",
+          o->tls_client_ca ? "yes" : "no");
+
+    if (load_model(o) == 0 && !g_signals) {
+        pthread_create(&g_srv.engine_thread, NULL, engine_main, NULL);
+        g_srv.engine_started = 1;
+        set_state(ST_SERVING);
+        logf_("ready", "serving kdecode.v1.Decoder");
+        while (!g_signals) {
+            usleep(50000);
+            handoff_expire();
+        }
+        rc = 0;
+    }
+    /* drain: refuse new requests, let the running ones finish */
+    set_state(ST_DRAINING);
+    const double t_drain = now_s();
+    logf_("draining", "running=%d grace=%.1f s", g_srv.n_live, o->drain_seconds);
+    pthread_mutex_lock(&g_srv.mu);
+    while (g_srv.n_live > 0 && now_s() - t_drain < o->drain_seconds) {
+        pthread_mutex_unlock(&g_srv.mu);
+        usleep(20000);
+        pthread_mutex_lock(&g_srv.mu);
+    }
+    if (g_srv.n_live > 0) {
+        logf_("drain-timeout", "aborting %d requests", g_srv.n_live);
+        cmd *c = calloc(1, sizeof *c);
+        if (c) c->kind = CMD_ABORT_ALL, enqueue_locked(c);
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    set_state(ST_STOPPING);
+    g_shutdown_tag = (tag){shutdown_done, NULL};
+    grpc_server_shutdown_and_notify(g_srv.gs, g_srv.cq, &g_shutdown_tag);
+    grpc_server_cancel_all_calls(g_srv.gs);
+    while (!atomic_load(&g_shutdown_done)) usleep(10000);
+    /* every call object gone (cancelled calls abort their requests through the engine) */
+    pthread_mutex_lock(&g_srv.mu);
+    const double t_calls = now_s();
+    while (g_srv.n_calls > 0 && now_s() - t_calls < 10) {
+        pthread_mutex_unlock(&g_srv.mu);
+        usleep(10000);
+        pthread_mutex_lock(&g_srv.mu);
+    }
+    if (g_srv.n_calls > 0) logf_("shutdown", "%d calls still open", g_srv.n_calls);
+    while (g_srv.handoffs) handoff_drop_locked(g_srv.handoffs, "shutting down");
+    g_srv.engine_stop = 1;
+    pthread_cond_broadcast(&g_srv.cv);
+    pthread_mutex_unlock(&g_srv.mu);
+    if (g_srv.engine_started) pthread_join(g_srv.engine_thread, NULL);
+    grpc_server_destroy(g_srv.gs);
+    grpc_completion_queue_shutdown(g_srv.cq);
+    for (int i = 0; i < o->cq_threads; i++) pthread_join(g_srv.cq_threads[i], NULL);
+    grpc_completion_queue_destroy(g_srv.cq);
+    free(g_srv.cq_threads);
+    while (g_srv.cmd_head) {
+        cmd *c = g_srv.cmd_head;
+        g_srv.cmd_head = c->next;
+        free(c);
+    }
+    kd_engine_free(g_srv.eng);
+    kd_backend_free(g_srv.be);
+    kd_model_close(g_srv.model);
+    free(g_srv.idmap);
+    layout_free();
+    grpc_shutdown_blocking();
+    kd_metrics_http_stop(g_srv.metrics_http);
+    kd_metrics_free(g_srv.metrics);
+    logf_("stopped", "exit %d after %.2f s of drain", rc, now_s() - t_drain);
+    return rc;
+}
