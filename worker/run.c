@@ -90,6 +90,7 @@ static void usage(FILE *f) {
             "             --prefix-block N [--prefix-cache-bytes B] (align-mode prefix cache)\n"
             "batching:    --batch B (B copies of the prompt, seeds S..S+B-1)\n"
             "             --prefill-chunk N (per-step token budget, default 512)\n"
+            "backend:     --backend cpu|cuda|auto (default cpu) --activations fp32|bf16 (GPU)\n"
             "other:       --dump-logits FILE (safetensors `logits` F32 [prompt_len, vocab])\n"
             "             --ignore-eos  --f64 (double precision reference)\n");
 }
@@ -138,11 +139,14 @@ done:
 }
 
 /* Runs `batch` copies of the prompt through a fresh engine; fills out and the stats. */
+static const char *g_backend = "cpu";
+static int g_act_bf16;
+
 static int generate(kd_model *m, int use_f64, const kd_engine_config *cfg, const kd_request_params *proto,
                     int32_t batch, run_out *out, kd_engine_stats *st, kd_err *err) {
     int rc = -1;
     kd_engine *e = NULL;
-    kd_backend *be = kd_cpu_backend_create(use_f64, err);
+    kd_backend *be = use_f64 ? kd_cpu_backend_create(1, err) : kd_backend_create(g_backend, g_act_bf16, err);
     if (!be || kd_backend_load(be, &m->config, &m->tensors, err)) goto done;
     if (!(e = kd_engine_create(be, m->fingerprint, cfg, on_event, out, err))) goto done;
     for (int32_t i = 0; i < batch; i++) {
@@ -164,7 +168,7 @@ done:
 int kd_run_main(int argc, char **argv) {
     enum { O_MODEL = 1, O_PROMPT, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP, O_CHUNK,
            O_IGNORE_EOS, O_F64, O_SPEC, O_DRAFT, O_CORRUPT, O_COMMIT, O_BLOCK, O_CACHE, O_BATCH,
-           O_HELP };
+           O_BACKEND, O_ACT, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
         {"max-tokens", required_argument, 0, O_MAX},    {"temperature", required_argument, 0, O_TEMP},
@@ -175,6 +179,7 @@ int kd_run_main(int argc, char **argv) {
         {"draft", required_argument, 0, O_DRAFT},       {"draft-corrupt", required_argument, 0, O_CORRUPT},
         {"commit", required_argument, 0, O_COMMIT},     {"prefix-block", required_argument, 0, O_BLOCK},
         {"prefix-cache-bytes", required_argument, 0, O_CACHE}, {"batch", required_argument, 0, O_BATCH},
+        {"backend", required_argument, 0, O_BACKEND},   {"activations", required_argument, 0, O_ACT},
         {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = NULL, *dump = NULL;
     long long max_tokens = -1, chunk = 512, spec = 0, block = 0, batch = 1, v;
@@ -207,6 +212,8 @@ int kd_run_main(int argc, char **argv) {
         case O_BLOCK: bad = kd_parse_i64(optarg, 1, 1 << 20, &block); break;
         case O_CACHE: bad = kd_parse_u64(optarg, &cache_bytes); break;
         case O_BATCH: bad = kd_parse_i64(optarg, 1, 4096, &batch); break;
+        case O_BACKEND: g_backend = optarg; bad = strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"); break;
+        case O_ACT: bad = strcmp(optarg, "fp32") && strcmp(optarg, "bf16"); g_act_bf16 = !strcmp(optarg, "bf16"); break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, "kdecode run: unknown flag or missing value: %s\n", argv[optind - 1]);

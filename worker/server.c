@@ -95,6 +95,7 @@ typedef struct serve_opts {
     int64_t max_prompt;
     const char *peer_tls_ca;
     int32_t debug_handoff_delay_ms;
+    int act_bf16;
 } serve_opts;
 
 static void usage(FILE *f) {
@@ -108,7 +109,9 @@ static void usage(FILE *f) {
             "  --peer-tls-ca F          roots to verify decode workers when handing off over TLS\n"
             "                           (with --tls-cert/--tls-key as the client certificate)\n"
             "  --debug-handoff-delay-ms MS  sleep between handoff chunks (fault-injection tests)\n"
-            "  --backend cpu|auto       compute backend (auto: CUDA when usable, else CPU)\n"
+            "  --backend cpu|cuda|auto  compute backend (default auto: CUDA when a GPU is usable,\n"
+            "                           else the CPU)\n"
+            "  --activations fp32|bf16  GPU activation type (default bf16; the CPU computes in fp32)\n"
             "  --max-seqs N             request slots (default 8)\n"
             "  --max-queue N            requests waiting beyond the slots (default 64)\n"
             "  --max-batch-tokens N     tokens per step (default: enough for every slot + 256)\n"
@@ -129,7 +132,7 @@ static void usage(FILE *f) {
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
            O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
-           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_HELP };
+           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_HELP };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
         {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
@@ -143,11 +146,12 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         {"tls-cert", required_argument, 0, O_CERT}, {"tls-key", required_argument, 0, O_KEY},
         {"tls-client-ca", required_argument, 0, O_CA}, {"log-json", no_argument, 0, O_JSON},
         {"handoff-lease-seconds", required_argument, 0, O_LEASE}, {"peer-tls-ca", required_argument, 0, O_PEERCA},
-        {"debug-handoff-delay-ms", required_argument, 0, O_DELAY},
+        {"debug-handoff-delay-ms", required_argument, 0, O_DELAY}, {"activations", required_argument, 0, O_ACT},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     kd_engine_config_defaults(&o->eng);
     o->listen = "127.0.0.1:50051", o->role = "decode", o->backend = "auto";
+    o->act_bf16 = 1;
     o->eng.max_seqs = 8, o->eng.max_queue = 64, o->eng.max_spec = 7, o->eng.max_model_len = 8192;
     o->eng.prefix_cache_bytes = (size_t)256 << 20;
     o->eng.max_batch_tokens = 0;
@@ -171,7 +175,14 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         case O_LEASE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->handoff_lease_seconds); break;
         case O_PEERCA: o->peer_tls_ca = optarg; break;
         case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
-        case O_BACKEND: o->backend = optarg; bad = strcmp(optarg, "cpu") && strcmp(optarg, "auto"); break;
+        case O_BACKEND:
+            o->backend = optarg;
+            bad = strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto");
+            break;
+        case O_ACT:
+            bad = strcmp(optarg, "fp32") && strcmp(optarg, "bf16");
+            o->act_bf16 = !strcmp(optarg, "bf16");
+            break;
         case O_SEQS: bad = kd_parse_i64(optarg, 1, 4096, &v); o->eng.max_seqs = (int32_t)v; break;
         case O_QUEUE: bad = kd_parse_i64(optarg, 0, 1 << 20, &v); o->eng.max_queue = (int32_t)v; break;
         case O_BATCH: bad = kd_parse_i64(optarg, 1, 1 << 24, &v); o->eng.max_batch_tokens = v; break;
@@ -2433,10 +2444,10 @@ static int load_model(serve_opts *o) {
     const kd_config *c = &g_srv.model->config;
     logf_("loading", "config D=%d L=%d H=%d HV=%d K=%d V=%d vocab=%d; converting weights", c->hidden, c->n_layers,
           c->n_heads, c->n_v_heads, c->head_k, c->head_v, c->vocab);
-    if (!strcmp(o->backend, "auto") && kd_cuda_device_count() > 0)
-        logf_("backend", "a CUDA device is present but this build's CUDA backend is not ready; using the CPU");
-    if (!(g_srv.be = kd_cpu_backend_create(0, &err)) || kd_backend_load(g_srv.be, c, &g_srv.model->tensors, &err))
+    if (!(g_srv.be = kd_backend_create(o->backend, o->act_bf16, &err)) ||
+        kd_backend_load(g_srv.be, c, &g_srv.model->tensors, &err))
         return logf_("load-failed", "%s", err.msg), -1;
+    logf_("backend", "%s (asked: %s; CUDA devices: %d)", g_srv.be->ops->name, o->backend, kd_cuda_device_count());
     o->eng.max_queue += o->eng.max_seqs; /* the engine's queue also holds the not yet admitted */
     if (!(g_srv.eng = kd_engine_create(g_srv.be, g_srv.model->fingerprint, &o->eng, on_engine_event, NULL, &err)))
         return logf_("load-failed", "%s", err.msg), -1;

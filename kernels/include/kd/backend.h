@@ -167,6 +167,10 @@ kd_backend *kd_cpu_backend_create(int use_f64, kd_err *err);
  * when no device is usable. */
 kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err);
 
+/* By name: "cpu", "cuda" (fails without a usable device) or "auto" (CUDA when a device is
+ * usable, else the CPU). act_bf16: bf16 activations on the GPU (the CPU computes in fp32). */
+kd_backend *kd_backend_create(const char *name, int act_bf16, kd_err *err);
+
 /* CUDA: number of usable devices (0 without a GPU or driver; never fails). */
 int kd_cuda_device_count(void);
 
