@@ -113,11 +113,20 @@ kd_client *kd_client_connect(const char *target, const kd_tls_opts *tls, kd_err 
         return NULL;
     }
 
-    grpc_arg args[2];
+    grpc_arg args[4];
     size_t nargs = 0;
     args[nargs].type = GRPC_ARG_INTEGER;
     args[nargs].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[nargs].value.integer = KD_CLIENT_MAX_RECV_BYTES;
+    nargs++;
+    /* bulk streams (state handoff): large HTTP/2 frames and receive window */
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE;
+    args[nargs].value.integer = (1 << 24) - 1;
+    nargs++;
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
+    args[nargs].value.integer = 16 << 20;
     nargs++;
     if (use_tls && tls->server_name && *tls->server_name) {
         args[nargs].type = GRPC_ARG_STRING;
@@ -444,9 +453,8 @@ int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next
     int send_busy = sending;
     while (pending > 0) {
         if (sending && !send_busy && !status_done) { /* the next message, or the half-close */
-            const uint8_t *msg = NULL;
-            size_t len = 0;
-            const int more = next(ctx, &msg, &len);
+            kd_msg msg = {0};
+            const int more = next(ctx, &msg);
             memset(ops, 0, sizeof ops);
             if (more < 0) {
                 grpc_call_cancel(cc.call, NULL);
@@ -459,9 +467,13 @@ int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next
                 sending = 0;
             } else {
                 if (cc.send_bb) grpc_byte_buffer_destroy(cc.send_bb);
-                grpc_slice s = grpc_slice_from_copied_buffer((const char *)msg, len);
-                cc.send_bb = grpc_raw_byte_buffer_create(&s, 1);
-                grpc_slice_unref(s);
+                grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)msg.head, msg.head_len),
+                                    grpc_empty_slice()};
+                size_t ns = 1;
+                if (msg.tail && msg.tail_len) sl[ns++] = grpc_slice_from_static_buffer(msg.tail, msg.tail_len);
+                cc.send_bb = grpc_raw_byte_buffer_create(sl, ns);
+                grpc_slice_unref(sl[0]);
+                grpc_slice_unref(sl[1]);
                 ops[0].op = GRPC_OP_SEND_MESSAGE;
                 ops[0].data.send_message.send_message = cc.send_bb;
             }

@@ -42,10 +42,18 @@ typedef int (*kd_stream_fn)(void *ctx, const uint8_t *msg, size_t len);
 int kd_client_server_stream(kd_client *c, const char *method, const uint8_t *req, size_t req_len,
                             double timeout_s, kd_stream_fn on_msg, void *ctx, kd_call_status *st, kd_err *err);
 
-/* A client-streaming call: next(ctx, &msg, &len) yields each request message (1), the end
- * of the stream (0) or cancels the call (-1); *msg must stay valid until the next call to
- * next. The one response comes back as with kd_client_unary. */
-typedef int (*kd_msg_source)(void *ctx, const uint8_t **msg, size_t *len);
+/* A client-streaming call: next(ctx, &msg) yields each request message (1), the end of the
+ * stream (0) or cancels the call (-1). A message is head (copied; valid until the next call
+ * to next) followed by tail (sent without a copy: it must stay valid until the call
+ * returns), so bulk bytes go out with one copy fewer. The one response comes back as with
+ * kd_client_unary. */
+typedef struct kd_msg {
+    const uint8_t *head;
+    size_t head_len;
+    const uint8_t *tail; /* may be NULL */
+    size_t tail_len;
+} kd_msg;
+typedef int (*kd_msg_source)(void *ctx, kd_msg *msg);
 int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next, void *ctx, double timeout_s,
                             uint8_t **resp, size_t *resp_len, kd_call_status *st, kd_err *err);
 

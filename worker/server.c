@@ -259,8 +259,11 @@ typedef struct cmd {
     int32_t n_drafts;
     int32_t slot;          /* SUBMIT into a reserved slot (-1: queue), RELEASE, WRITE, VERIFY */
     uint64_t id;           /* ABORT */
-    uint64_t offset;       /* WRITE */
+    uint64_t offset;       /* WRITE: len bytes from src, owned as data (malloc) or slice */
     uint8_t *data;
+    const uint8_t *src;
+    grpc_slice slice;
+    int has_slice;
     size_t len;
     const sect *sects;     /* VERIFY */
     size_t n_sects;
@@ -1072,7 +1075,7 @@ static void run_cmd(cmd *c) {
         kd_engine_release_slot(g_srv.eng, c->slot);
         break;
     case CMD_WRITE:
-        c->result = kd_backend_state_write_part(g_srv.be, c->slot, c->offset, c->data, c->len, &err);
+        c->result = kd_backend_state_write_part(g_srv.be, c->slot, c->offset, c->src, c->len, &err);
         if (c->result) logf_("handoff-write-failed", "%s", err.msg);
         break;
     case CMD_VERIFY:
@@ -1130,6 +1133,7 @@ static void *engine_main(void *arg) {
                 pthread_cond_broadcast(&g_srv.cv);
                 pthread_mutex_unlock(&g_srv.mu);
             } else {
+                if (c->has_slice) grpc_slice_unref(c->slice);
                 free(c->data);
                 free(c);
             }
@@ -1804,6 +1808,49 @@ static void push_recv_done(void *obj, int ok) {
         return;
     }
     grpc_byte_buffer_destroy(bb);
+    /* A chunk is the common message: read it by hand (field 2, bytes, and nothing else) so
+     * that its bytes go from gRPC's slice to the slot with one copy, on the engine thread. */
+    if (p->h) {
+        const uint8_t *d = GRPC_SLICE_START_PTR(s);
+        const size_t len = GRPC_SLICE_LENGTH(s);
+        uint64_t n = 0;
+        size_t k = 1;
+        int shift = 0;
+        if (len > 1 && d[0] == ((2 << 3) | 2)) {
+            for (; k < len && k < 11; k++, shift += 7) {
+                n |= (uint64_t)(d[k] & 0x7f) << shift;
+                if (!(d[k] & 0x80)) break;
+            }
+            k++;
+        }
+        if (len > 1 && d[0] == ((2 << 3) | 2) && k <= len && n == len - k) {
+            int code = KD_STATUS_OK;
+            if (n > KD_HANDOFF_CHUNK || n > g_layout.total - p->received) {
+                code = KD_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, sizeof msg, "chunk of %" PRIu64 " bytes at %" PRIu64 ": chunks are at most 1 MiB and end at %" PRIu64,
+                         n, p->received, g_layout.total);
+            } else if (n) {
+                cmd *c = calloc(1, sizeof *c);
+                if (!c) {
+                    code = KD_STATUS_INTERNAL;
+                    snprintf(msg, sizeof msg, "out of memory");
+                } else {
+                    c->kind = CMD_WRITE, c->slot = p->h->slot, c->offset = p->received, c->len = (size_t)n;
+                    c->slice = grpc_slice_ref(s), c->has_slice = 1;
+                    c->src = d + k;
+                    p->received += n;
+                    pthread_mutex_lock(&g_srv.mu);
+                    enqueue_locked(c);
+                    pthread_mutex_unlock(&g_srv.mu);
+                }
+            }
+            grpc_slice_unref(s);
+            if (code != KD_STATUS_OK) push_finish(p, code, msg, -1, NULL);
+            else push_recv_next(p);
+            push_unref(p);
+            return;
+        }
+    }
     Kdecode__V1__PushStateRequest *m =
         kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
@@ -1847,6 +1894,7 @@ static void push_recv_done(void *obj, int ok) {
         } else { /* into the slot, in order, by the engine thread */
             memcpy(data, m->chunk.data, m->chunk.len);
             c->kind = CMD_WRITE, c->slot = p->h->slot, c->offset = p->received, c->data = data, c->len = m->chunk.len;
+            c->src = data;
             p->received += m->chunk.len;
             pthread_mutex_lock(&g_srv.mu);
             enqueue_locked(c);
@@ -1936,6 +1984,7 @@ typedef struct prefill_call {
     grpc_call *call;
     grpc_byte_buffer *recv_bb;
     int close_cancelled;
+    atomic_int gone;              /* the router cancelled the call (or its deadline passed) */
     pthread_mutex_t mu;
     int refs;
     char id[KD_REQUEST_ID_MAX + 1], target[256];
@@ -1994,6 +2043,7 @@ static void prefill_reply(prefill_call *p, const Kdecode__V1__PrefillResponse *r
 /* The push: a header, then the state in 1 MiB chunks. */
 typedef struct push_src {
     prefill_call *p;
+    uint8_t pre[16];
     uint8_t *msg;
     size_t cap;
     uint64_t sent;
@@ -2001,30 +2051,36 @@ typedef struct push_src {
     Kdecode__V1__HandoffHeader *hd;
 } push_src;
 
-static int push_next(void *ctx, const uint8_t **out, size_t *len) {
+static int push_next(void *ctx, kd_msg *out) {
     push_src *ps = ctx;
     Kdecode__V1__PushStateRequest m = KDECODE__V1__PUSH_STATE_REQUEST__INIT;
     if (!ps->header_done) {
         m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER;
         m.header = ps->hd;
         ps->header_done = 1;
-    } else {
-        if (ps->sent == g_layout.total) return 0;
-        if (ps->sent && g_srv.o.debug_handoff_delay_ms > 0) usleep((useconds_t)g_srv.o.debug_handoff_delay_ms * 1000);
-        const uint64_t n = g_layout.total - ps->sent < KD_HANDOFF_CHUNK ? g_layout.total - ps->sent : KD_HANDOFF_CHUNK;
-        m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_CHUNK;
-        m.chunk.data = (uint8_t *)ps->p->state + ps->sent;
-        m.chunk.len = (size_t)n;
-        ps->sent += n;
+        size_t need = protobuf_c_message_get_packed_size(&m.base);
+        if (need > ps->cap) {
+            uint8_t *b = realloc(ps->msg, need);
+            if (!b) return -1;
+            ps->msg = b, ps->cap = need;
+        }
+        *out = (kd_msg){.head = ps->msg, .head_len = protobuf_c_message_pack(&m.base, ps->msg)};
+        return 1;
     }
-    size_t need = protobuf_c_message_get_packed_size(&m.base);
-    if (need > ps->cap) {
-        uint8_t *b = realloc(ps->msg, need);
-        if (!b) return -1;
-        ps->msg = b, ps->cap = need;
+    if (atomic_load(&ps->p->gone)) return -1;
+    if (ps->sent == g_layout.total) return 0;
+    if (ps->sent && g_srv.o.debug_handoff_delay_ms > 0) usleep((useconds_t)g_srv.o.debug_handoff_delay_ms * 1000);
+    const uint64_t n = g_layout.total - ps->sent < KD_HANDOFF_CHUNK ? g_layout.total - ps->sent : KD_HANDOFF_CHUNK;
+    /* a chunk message by hand: field 2 (bytes), its length, then the state bytes themselves,
+     * sent from the state buffer without a copy */
+    size_t k = 0;
+    ps->pre[k++] = (2 << 3) | 2;
+    for (uint64_t v = n; ; v >>= 7) {
+        ps->pre[k++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+        if (v < 0x80) break;
     }
-    *len = protobuf_c_message_pack(&m.base, ps->msg);
-    *out = ps->msg;
+    *out = (kd_msg){.head = ps->pre, .head_len = k, .tail = (const uint8_t *)ps->p->state + ps->sent, .tail_len = (size_t)n};
+    ps->sent += n;
     return 1;
 }
 
@@ -2089,6 +2145,16 @@ done:;
         snprintf(msg, sizeof msg, "decode worker %s: unreadable PushStateResponse", p->target);
     }
     const double t_end = now_s();
+    if (code == KD_STATUS_OK && atomic_load(&p->gone)) { /* done, but nobody will claim it */
+        Kdecode__V1__AbortRequest ab = KDECODE__V1__ABORT_REQUEST__INIT;
+        ab.request_id = pr->handoff_id;
+        uint8_t abuf[256], *ar = NULL;
+        size_t arl = 0, alen = kdecode__v1__abort_request__pack(&ab, abuf);
+        kd_call_status ast;
+        if (kd_client_unary(cl, "/kdecode.v1.Decoder/Abort", abuf, alen, 10, &ar, &arl, &ast, &err) == 0) free(ar);
+        code = KD_STATUS_CANCELLED;
+        snprintf(msg, sizeof msg, "the Prefill call was cancelled; handoff %s aborted", pr->handoff_id);
+    }
     if (code == KD_STATUS_OK) {
         Kdecode__V1__PrefillResponse r = KDECODE__V1__PREFILL_RESPONSE__INIT;
         r.handoff_id = pr->handoff_id;
@@ -2273,7 +2339,9 @@ static void prefill_recv_done(void *obj, int ok) {
 
 static void prefill_close_done(void *obj, int ok) {
     (void)ok;
-    prefill_unref((prefill_call *)obj);
+    prefill_call *p = obj;
+    if (p->close_cancelled) atomic_store(&p->gone, 1); /* the push stops: nobody would claim it */
+    prefill_unref(p);
 }
 
 static void prefill_start(grpc_call *call) {
@@ -2504,6 +2572,9 @@ int kd_serve_main(int argc, char **argv) {
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 60000}},
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 20000}},
+        /* the state handoff is a bulk stream: large HTTP/2 frames, a deep receive window */
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = (1 << 24) - 1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, {.integer = 16 << 20}},
     };
     grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
     g_srv.cq = grpc_completion_queue_create_for_next(NULL);
@@ -2589,10 +2660,12 @@ int kd_serve_main(int argc, char **argv) {
     for (int i = 0; i < o->cq_threads; i++) pthread_join(g_srv.cq_threads[i], NULL);
     grpc_completion_queue_destroy(g_srv.cq);
     free(g_srv.cq_threads);
-    while (g_srv.cmd_head) {
+    while (g_srv.cmd_head) { /* never run (the engine stopped after the calls ended) */
         cmd *c = g_srv.cmd_head;
         g_srv.cmd_head = c->next;
-        free(c);
+        if (c->has_slice) grpc_slice_unref(c->slice);
+        free(c->data);
+        if (!c->sync) free(c);
     }
     kd_engine_free(g_srv.eng);
     kd_backend_free(g_srv.be);

@@ -39,19 +39,9 @@ trap cleanup EXIT
 log() { echo "bench: $*" >&2; }
 load_avg() { cut -d' ' -f1-3 /proc/loadavg; }
 
-# ---- kdctl (its own engineer's tool; used only once the target exists) ------------------
-# Built before the servers start, so that the build does not run during the measurements.
-# KDCTL=/path/to/kdctl overrides.
-kdctl=${KDCTL:-}
-if [[ -z $kdctl ]] && grep -q 'name = "kdctl"' "$top/worker/BUILD" 2>/dev/null; then
-  log "building //worker:kdctl"
-  if (cd "$top" && bazel build //worker:kdctl) >"$tmp/kdctl-build.log" 2>&1; then
-    kdctl=$top/bazel-bin/worker/kdctl
-  else
-    log "//worker:kdctl does not build; skipping kdctl load (see below)"
-    tail -n 5 "$tmp/kdctl-build.log" >&2
-  fi
-fi
+# ---- kdctl: its own engineer's tool, in this target's data (//worker:kdctl) ----------------
+# KDCTL=/path/to/kdctl overrides; without a kdctl binary the kdctl step is skipped.
+kdctl=${KDCTL:-$rf/worker/kdctl}
 
 # ---- the two servers ---------------------------------------------------------------------
 port_of() { # file -> port from a {"...","port":N,...} line
@@ -107,17 +97,18 @@ log "reference per-token streaming cost"
   --prompt "$prompt" --label reference | tee -a "$results" >&2
 
 # ---- kdctl load: the worker's own load generator, against the same kdecode ---------------
-# >>> KDCTL LOAD: runs only when //worker:kdctl exists (see the top of this script). <<<
+# >>> KDCTL LOAD: runs when the kdctl binary exists (//worker:kdctl, or KDCTL=...). <<<
 kdctl_cmd=""
 : >"$tmp/kdctl.txt"
-if [[ -n $kdctl && -x $kdctl ]]; then
-  kdctl_cmd="kdctl load --target 127.0.0.1:PORT --concurrency 16 --duration $seconds"
+if [[ -x $kdctl ]]; then
+  kdctl_args=(--concurrency "$max_seqs" --duration "$seconds" --prompt-ids "$prompt" --max-tokens 16)
+  kdctl_cmd="kdctl load --target 127.0.0.1:PORT ${kdctl_args[*]}"
   log "$kdctl_cmd"
-  "$kdctl" load --target "127.0.0.1:$kd_port" --concurrency 16 --duration "$seconds" >"$tmp/kdctl.txt" 2>&1 ||
+  "$kdctl" load --target "127.0.0.1:$kd_port" "${kdctl_args[@]}" >"$tmp/kdctl.txt" 2>&1 ||
     log "kdctl load failed (exit $?); its output is kept in the results"
   cat "$tmp/kdctl.txt" >&2
 else
-  log "kdctl: //worker:kdctl not present yet; skipped"
+  log "kdctl: no kdctl binary ($kdctl); skipped"
 fi
 load_end=$(load_avg)
 
@@ -236,8 +227,7 @@ if doc["kdctl_load"]:
     L.append(f"`{doc['kdctl_load']['command']}` against the same kdecode:\n")
     L.append("```\n" + kdctl_out.rstrip() + "\n```")
 else:
-    L.append("Not measured: `//worker:kdctl` does not exist yet. `run.sh` runs `kdctl load` against the same "
-             "kdecode once it does (the marked KDCTL LOAD block).")
+    L.append("Not measured: no kdctl binary (the marked KDCTL LOAD block of `run.sh` runs it when there is one).")
 L.append("")
 with open(e["KD_OUT"] + ".md", "w") as f:
     f.write("\n".join(L))
