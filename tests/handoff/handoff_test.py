@@ -269,9 +269,6 @@ class ServerSet:
             s.wait_ready()
         return servers
 
-    def tails(self):
-        return "\n".join(s.tail() for s in self.servers)
-
     def stop_all(self):
         bad = []
         for s in self.servers:
