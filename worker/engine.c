@@ -284,10 +284,10 @@ kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_e
 }
 
 int32_t kd_engine_reserve_slot(kd_engine *e) {
+    /* No reset: a handoff writes every byte of the state and checks every section's sum
+     * before the slot can be claimed (a partial or unverified one is released instead). */
     for (int32_t s = 0; s < e->cfg.max_seqs; s++)
         if (!e->slots[s] && !e->reserved[s]) {
-            kd_err err;
-            if (kd_backend_reset_slot(e->be, s, &err)) return -1;
             e->reserved[s] = 1;
             return s;
         }
