@@ -413,6 +413,37 @@ static void reply_status(grpc_call *call, int initial_sent, grpc_status_code cod
     reply_status_ex(call, initial_sent, 1, code, msg, pushback_ms);
 }
 
+/* Sends one message and an OK status (initial metadata too unless sent; RECV_CLOSE unless
+ * the caller has one in flight); takes the call reference and the byte buffer. */
+static void reply_message(grpc_call *call, grpc_byte_buffer *msg, int initial_sent, int with_close) {
+    status_call *c = calloc(1, sizeof *c);
+    if (!c) {
+        grpc_byte_buffer_destroy(msg);
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    call_ref_count(1);
+    c->t = (tag){status_done, c};
+    c->call = call;
+    c->details = grpc_empty_slice();
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!initial_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = msg;
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[n++].data.send_status_from_server.status_details = &c->details;
+    if (with_close) {
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    }
+    if (grpc_call_start_batch(call, ops, n, &c->t, NULL) != GRPC_CALL_OK) status_done(c, 0);
+    grpc_byte_buffer_destroy(msg); /* the batch took its own reference */
+}
+
 /* ---------------------------------------------------------------- health and loads */
 
 static int readiness(void) { return atomic_load(&g_srv.state) == ST_SERVING; }
@@ -577,29 +608,7 @@ static void unary_done(void *obj, int ok) {
             reply_status(call, 1, code == GRPC_STATUS_OK ? GRPC_STATUS_INTERNAL : code, msg[0] ? msg : "out of memory", -1);
             return;
         }
-        /* message + status in one batch, through a status_call that owns the buffer */
-        status_call *sc = calloc(1, sizeof *sc);
-        if (!sc) {
-            grpc_byte_buffer_destroy(out);
-            grpc_call_cancel(call, NULL);
-            grpc_call_unref(call);
-            return;
-        }
-        call_ref_count(1);
-        sc->t = (tag){status_done, sc};
-        sc->call = call;
-        sc->details = grpc_slice_from_static_string("");
-        grpc_op ops[3];
-        memset(ops, 0, sizeof ops);
-        ops[0].op = GRPC_OP_SEND_MESSAGE;
-        ops[0].data.send_message.send_message = out;
-        ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-        ops[1].data.send_status_from_server.status = GRPC_STATUS_OK;
-        ops[1].data.send_status_from_server.status_details = &sc->details;
-        ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-        ops[2].data.recv_close_on_server.cancelled = &sc->cancelled;
-        if (grpc_call_start_batch(call, ops, 3, &sc->t, NULL) != GRPC_CALL_OK) status_done(sc, 0);
-        grpc_byte_buffer_destroy(out); /* the batch took its own reference */
+        reply_message(call, out, 1, 1);
     }
 }
 
@@ -1706,27 +1715,7 @@ static void push_finish(push_call *p, int code, const char *msg, long pushback, 
         reply_status_ex(p->call, 0, 0, (grpc_status_code)code, msg, pushback);
         return;
     }
-    status_call *sc = calloc(1, sizeof *sc);
-    if (!sc) {
-        grpc_byte_buffer_destroy(reply);
-        grpc_call_cancel(p->call, NULL);
-        grpc_call_unref(p->call);
-        return;
-    }
-    call_ref_count(1);
-    sc->t = (tag){status_done, sc};
-    sc->call = p->call;
-    sc->details = grpc_empty_slice();
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = reply;
-    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
-    ops[2].data.send_status_from_server.status_details = &sc->details;
-    if (grpc_call_start_batch(p->call, ops, 3, &sc->t, NULL) != GRPC_CALL_OK) status_done(sc, 0);
-    grpc_byte_buffer_destroy(reply);
+    reply_message(p->call, reply, 0, 0);
 }
 
 static void push_recv_next(push_call *p) {
@@ -2018,26 +2007,11 @@ static void prefill_reply(prefill_call *p, const Kdecode__V1__PrefillResponse *r
         return;
     }
     grpc_byte_buffer *bb = pack_bb(&r->base);
-    status_call *sc = bb ? calloc(1, sizeof *sc) : NULL;
-    if (!sc) {
-        if (bb) grpc_byte_buffer_destroy(bb);
+    if (!bb) {
         reply_status_ex(p->call, 0, 0, GRPC_STATUS_INTERNAL, "out of memory", -1);
         return;
     }
-    call_ref_count(1);
-    sc->t = (tag){status_done, sc};
-    sc->call = p->call;
-    sc->details = grpc_empty_slice();
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
-    ops[2].data.send_status_from_server.status_details = &sc->details;
-    if (grpc_call_start_batch(p->call, ops, 3, &sc->t, NULL) != GRPC_CALL_OK) status_done(sc, 0);
-    grpc_byte_buffer_destroy(bb);
+    reply_message(p->call, bb, 0, 0);
 }
 
 /* The push: a header, then the state in 1 MiB chunks. */
