@@ -6,8 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "worker/spec.h"
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 typedef enum { R_WAITING = 1, R_PREFILL, R_DECODE } req_state;
 
@@ -31,6 +38,7 @@ typedef struct req {
     int32_t *caller_drafts, n_caller_drafts;
     kd_usage usage;
     void *export_state;
+    double t_submit;
 } req;
 
 struct kd_engine {
@@ -265,6 +273,7 @@ static kd_submit_status make_request(kd_engine *e, const kd_request_params *p, r
     r->corrupt = p->oracle_corrupt;
     r->usage.prompt_tokens = p->n_prompt;
     r->export_state = p->export_state;
+    r->t_submit = mono_s();
     *out = r;
     return KD_SUBMIT_OK;
 }
@@ -416,6 +425,7 @@ static int admit(kd_engine *e, kd_err *err) {
         }
         r->slot = s;
         e->slots[s] = r;
+        r->usage.queue_seconds = mono_s() - r->t_submit;
         const int64_t target = r->n_prompt - 1; /* the last prompt token is x0 of decode */
         if (e->pc && target >= e->cfg.prefix_block) {
             const void *state = NULL;

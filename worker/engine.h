@@ -80,6 +80,7 @@ typedef struct kd_usage {
     int64_t cached_tokens;      /* prompt tokens restored from the prefix cache */
     int64_t drafted, accepted;  /* draft tokens proposed / accepted */
     int64_t steps;              /* decode steps (verify windows) */
+    double queue_seconds;       /* from submit to a slot */
 } kd_usage;
 
 typedef struct kd_event {

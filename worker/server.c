@@ -734,6 +734,7 @@ static void gen_maybe_send(gen_call *g) {
         u.drafted_tokens = g->usage.drafted;
         u.accepted_tokens = g->usage.accepted;
         u.steps = g->usage.steps;
+        u.queue_seconds = g->usage.queue_seconds;
         u.time_to_first_token_seconds = g->t_first > 0 ? g->t_first - g->t_arrive : 0;
         u.total_seconds = now_s() - g->t_arrive;
         r.usage = &u;
@@ -1015,6 +1016,7 @@ static void gen_on_event(sink *k, const kd_event *ev) {
     if (ev->finish != KD_FINISH_NONE) {
         count_finish(ev->finish);
         kd_metrics_observe(g_srv.metrics, KD_H_E2E, t - g->t_arrive);
+        kd_metrics_observe(g_srv.metrics, KD_H_QUEUE, ev->usage.queue_seconds);
         gen_unref(g); /* the engine's reference */
     }
 }
