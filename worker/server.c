@@ -1967,6 +1967,32 @@ static int handoff_claim(gen_call *g, int32_t *slot, char *msg, size_t len) {
     return code;
 }
 
+/* Export buffers of the prefill role (a state each, tens of MiB): kept for reuse, since a
+ * fresh one costs a page fault per 4 KiB when the state is written into it. */
+#define KD_STATE_POOL 4
+static void *g_state_pool[KD_STATE_POOL];
+static int g_state_pool_n;
+
+static void *state_buf_get(void) {
+    void *b = NULL;
+    pthread_mutex_lock(&g_srv.mu);
+    if (g_state_pool_n > 0) b = g_state_pool[--g_state_pool_n];
+    pthread_mutex_unlock(&g_srv.mu);
+    return b ? b : malloc(g_layout.total);
+}
+
+static void state_buf_put(void *b) {
+    if (!b) return;
+    pthread_mutex_lock(&g_srv.mu);
+    if (g_state_pool_n < KD_STATE_POOL) g_state_pool[g_state_pool_n++] = b, b = NULL;
+    pthread_mutex_unlock(&g_srv.mu);
+    free(b);
+}
+
+static void state_pool_free(void) {
+    while (g_state_pool_n > 0) free(g_state_pool[--g_state_pool_n]);
+}
+
 /* Prefiller.Prefill: the prompt runs here (a one-token request whose state is exported at
  * its finish), then a thread streams the state to the decode worker and answers the call. */
 typedef struct prefill_call {
@@ -1995,7 +2021,8 @@ static void prefill_unref(prefill_call *p) {
     pthread_mutex_unlock(&p->mu);
     if (left) return;
     if (p->recv_bb) grpc_byte_buffer_destroy(p->recv_bb);
-    free(p->prompt), free(p->stop), free(p->state);
+    free(p->prompt), free(p->stop);
+    state_buf_put(p->state);
     grpc_call_unref(p->call);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -2278,7 +2305,7 @@ static void prefill_recv_done(void *obj, int ok) {
         code = KD_STATUS_UNAVAILABLE;
         snprintf(msg, sizeof msg, "the worker is not serving");
     }
-    if (code == KD_STATUS_OK && !(p->state = malloc(g_layout.total))) {
+    if (code == KD_STATUS_OK && !(p->state = state_buf_get())) {
         code = KD_STATUS_RESOURCE_EXHAUSTED;
         snprintf(msg, sizeof msg, "no memory for the state of this request");
     }
@@ -2647,6 +2674,7 @@ int kd_serve_main(int argc, char **argv) {
     kd_backend_free(g_srv.be);
     kd_model_close(g_srv.model);
     free(g_srv.idmap);
+    state_pool_free();
     layout_free();
     grpc_shutdown_blocking();
     kd_metrics_http_stop(g_srv.metrics_http);
