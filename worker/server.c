@@ -339,6 +339,24 @@ static int read_bb(grpc_byte_buffer *bb, grpc_slice *slice) {
     return 0;
 }
 
+/* Single-op batches every streaming call starts with: wait for the close (cancellation
+ * shows there), and receive the next message. 0 if the batch started. */
+static int start_recv_close(grpc_call *call, int *cancelled, tag *t) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = cancelled;
+    return grpc_call_start_batch(call, &op, 1, t, NULL) == GRPC_CALL_OK ? 0 : -1;
+}
+
+static int start_recv_message(grpc_call *call, grpc_byte_buffer **bb, tag *t) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = bb;
+    return grpc_call_start_batch(call, &op, 1, t, NULL) == GRPC_CALL_OK ? 0 : -1;
+}
+
 static void call_ref_count(int delta) {
     pthread_mutex_lock(&g_srv.mu);
     g_srv.n_calls += delta;
@@ -907,15 +925,8 @@ static void gen_start(grpc_call *call) {
     g->t_arrive = now_s();
     g->status_details = grpc_empty_slice();
     g->refs = 2;
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &g->close_cancelled;
-    if (grpc_call_start_batch(call, &op, 1, &g->t_close, NULL) != GRPC_CALL_OK) g->refs--;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &g->recv_bb;
-    if (grpc_call_start_batch(call, &op, 1, &g->t_recv, NULL) != GRPC_CALL_OK) gen_unref(g);
+    if (start_recv_close(call, &g->close_cancelled, &g->t_close)) g->refs--;
+    if (start_recv_message(call, &g->recv_bb, &g->t_recv)) gen_unref(g);
 }
 
 /* ----------------------------------------------------------------- the engine thread */
@@ -1272,15 +1283,8 @@ static void watch_start(grpc_call *call) {
     w->next = g_srv.watchers;
     g_srv.watchers = w;
     w->refs = 3; /* close, recv, and ours until both batches are started */
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &w->cancelled;
-    if (grpc_call_start_batch(call, &op, 1, &w->t_close, NULL) != GRPC_CALL_OK) w->refs--;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &w->recv_bb;
-    if (grpc_call_start_batch(call, &op, 1, &w->t_recv, NULL) != GRPC_CALL_OK) w->refs--;
+    if (start_recv_close(call, &w->cancelled, &w->t_close)) w->refs--;
+    if (start_recv_message(call, &w->recv_bb, &w->t_recv)) w->refs--;
     watch_unref_locked(w);
     pthread_mutex_unlock(&g_srv.mu);
 }
@@ -1721,14 +1725,10 @@ static void push_finish(push_call *p, int code, const char *msg, long pushback, 
 }
 
 static void push_recv_next(push_call *p) {
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &p->recv_bb;
     pthread_mutex_lock(&p->mu);
     p->refs++;
     pthread_mutex_unlock(&p->mu);
-    if (grpc_call_start_batch(p->call, &op, 1, &p->t_recv, NULL) != GRPC_CALL_OK) push_unref(p);
+    if (start_recv_message(p->call, &p->recv_bb, &p->t_recv)) push_unref(p);
 }
 
 static void push_recv_done(void *obj, int ok) {
@@ -1917,11 +1917,7 @@ static void push_start(grpc_call *call) {
     p->t_close = (tag){push_close_done, p};
     p->t0 = now_s();
     p->refs = 2; /* close, and ours until the first receive is started */
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &p->close_cancelled;
-    if (grpc_call_start_batch(call, &op, 1, &p->t_close, NULL) != GRPC_CALL_OK) p->refs--;
+    if (start_recv_close(call, &p->close_cancelled, &p->t_close)) p->refs--;
     push_recv_next(p);
     push_unref(p);
 }
@@ -2362,15 +2358,8 @@ static void prefill_start(grpc_call *call) {
     p->t_close = (tag){prefill_close_done, p};
     p->t0 = now_s();
     p->refs = 2;
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &p->close_cancelled;
-    if (grpc_call_start_batch(call, &op, 1, &p->t_close, NULL) != GRPC_CALL_OK) p->refs--;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &p->recv_bb;
-    if (grpc_call_start_batch(call, &op, 1, &p->t_recv, NULL) != GRPC_CALL_OK) prefill_unref(p);
+    if (start_recv_close(call, &p->close_cancelled, &p->t_close)) p->refs--;
+    if (start_recv_message(call, &p->recv_bb, &p->t_recv)) prefill_unref(p);
 }
 
 /* ------------------------------------------------------------- accepting new calls */
