@@ -51,6 +51,7 @@ static const struct {
     {KD_C_PREFIX_HIT_TOKENS, "kdecode_prefix_cache_hit_tokens_total", ""},
     {KD_C_HANDOFF_BYTES, "kdecode_handoff_bytes_total", ""},
     {KD_C_HANDOFF_FAILURES, "kdecode_handoff_failures_total", ""},
+    {KD_C_HANDOFF_NCCL_FALLBACKS, "kdecode_handoff_nccl_fallbacks_total", ""},
 };
 
 static const struct {
@@ -66,6 +67,7 @@ static const struct {
     {KD_G_READY, "kdecode_ready"},
     {KD_G_DRAINING, "kdecode_draining"},
     {KD_G_HANDOFFS_PENDING, "kdecode_handoffs_pending"},
+    {KD_G_NCCL_LINKS, "kdecode_nccl_links"},
 };
 
 /* min_le / max_le: the range the buckets must cover for the histogram's unit. */
@@ -365,8 +367,8 @@ static void check_families(const expo *e) {
     ck_assert_ptr_nonnull(f);
     ck_assert_str_eq(f->type, "gauge");
     ck_assert_double_eq(value_of(e, "kdecode_build_info", "version=\"0.1.0\""), 1.0);
-    /* nothing else: build_info, 2 labelled + 10 plain counter families, gauges, histograms */
-    ck_assert_int_eq(e->nf, 1 + 12 + (int)NELEM(want_gauges) + (int)NELEM(want_hists));
+    /* nothing else: build_info, 2 labelled + 11 plain counter families, gauges, histograms */
+    ck_assert_int_eq(e->nf, 1 + 13 + (int)NELEM(want_gauges) + (int)NELEM(want_hists));
 }
 
 START_TEST(fresh_registry_is_zero) {

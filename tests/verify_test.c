@@ -6,10 +6,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kd/backend.h"
 #include "tests/testutil.h"
 #include "worker/model.h"
+#include "worker/spec.h"
 
 #define TW 8 /* max window */
 
@@ -180,6 +182,123 @@ START_TEST(test_misuse) {
 }
 END_TEST
 
+
+/* forward_sample on the CPU (the reference of the device-side sampling): two backends in the
+ * same state, one running forward + kd_spec_accept per row with each request's generator
+ * (what the engine did before), the other forward_sample with the generator's uniforms
+ * peeked: the same tokens, accepted counts, uniforms used, and afterwards the same states. */
+START_TEST(test_forward_sample) {
+    kd_model *m = open_model("tiny");
+    kd_backend *a = open_backend(m, KD_COMMIT_DEFERRED, 5), *b = open_backend(m, KD_COMMIT_DEFERRED, 5);
+    const int32_t V = m->config.vocab;
+    kd_err err;
+    kd_test_rng tr;
+    kd_test_rng_init(&tr, kd_test_seed() ^ 0x5a3);
+    static const kd_sampling samp[4] = {{0, 0, 1, 1}, {0.8, 0, 1, 2}, {1.3, 5, 1, 3}, {0.6, 0, 0.7, 4}};
+    kd_rng rng[4];
+    for (int i = 0; i < 4; i++) kd_rng_seed(&rng[i], samp[i].seed);
+    float *lg = malloc((size_t)4 * TW * V * sizeof *lg);
+    double *probs = malloc((size_t)V * sizeof *probs);
+    int32_t *order = malloc((size_t)V * sizeof *order);
+    int32_t prefill[4][5], last[4], recorded[4] = {0};
+    for (int32_t s = 0; s < 4; s++)
+        for (int i = 0; i < 5; i++) prefill[s][i] = (int32_t)(kd_test_rng_u64(&tr) % (uint64_t)V);
+    for (int32_t s = 0; s < 4; s++) {
+        run(a, s, KD_ROW_PREFILL, 0, prefill[s], 5, KD_LOGITS_NONE, NULL);
+        run(b, s, KD_ROW_PREFILL, 0, prefill[s], 5, KD_LOGITS_NONE, NULL);
+        last[s] = prefill[s][4];
+    }
+    int64_t accepted_total = 0, sampled_rows = 0;
+    for (int step = 0; step < 12; step++) {
+        kd_batch_row rows[5];
+        int32_t tok[5 * TW], n = 0, nr = 0;
+        kd_sample_params sp[5];
+        double u[5 * TW];
+        for (int32_t s = 0; s < 4; s++) {
+            const int32_t w = 1 + (int32_t)(kd_test_rng_u64(&tr) % TW);
+            rows[nr] = (kd_batch_row){.slot = s, .n_tokens = w, .logits = KD_LOGITS_ALL, .kind = KD_ROW_VERIFY,
+                                      .fold = recorded[s]};
+            tok[n] = last[s];
+            /* drafts: the greedy choice of the previous step's logits is unknown here, so
+             * draw them at random, some repeated tokens among them */
+            for (int32_t i = 1; i < w; i++)
+                tok[n + i] = kd_test_rng_u64(&tr) % 3 ? (int32_t)(kd_test_rng_u64(&tr) % (uint64_t)V) : tok[n + i - 1];
+            sp[nr] = (kd_sample_params){.temperature = samp[s].temperature, .top_p = samp[s].top_p,
+                                        .top_k = samp[s].top_k};
+            kd_rng peek = rng[s];
+            for (int32_t i = 0; i < TW; i++) u[nr * TW + i] = kd_rng_uniform(&peek);
+            n += w, nr++;
+        }
+        if (step % 3 == 1) { /* a scratch row and a prefill-free LAST row are ignored / drawn */
+            rows[nr] = (kd_batch_row){.slot = 5, .n_tokens = 2, .logits = KD_LOGITS_NONE, .kind = KD_ROW_VERIFY};
+            tok[n] = tok[n + 1] = 1;
+            sp[nr] = (kd_sample_params){.top_p = 1};
+            n += 2, nr++;
+        }
+        kd_batch batch = {.n_rows = nr, .rows = rows, .tokens = tok};
+        ck_assert_msg(kd_backend_forward(a, &batch, lg, &err) == 0, "%s", err.msg);
+        int32_t stok[5 * TW], sacc[5], sused[5];
+        ck_assert_msg(kd_backend_forward_sample(b, &batch, sp, u, stok, sacc, sused, &err) == 0, "%s", err.msg);
+        const float *l = lg;
+        int64_t t0 = 0;
+        for (int32_t r = 0; r < nr; r++) {
+            if (rows[r].logits == KD_LOGITS_NONE) {
+                ck_assert_int_eq(sacc[r], 0);
+                ck_assert_int_eq(sused[r], 0);
+                t0 += rows[r].n_tokens;
+                continue;
+            }
+            const int32_t s = rows[r].slot, w = rows[r].n_tokens;
+            int32_t out[TW];
+            kd_rng before = rng[s];
+            const int32_t acc = kd_spec_accept(l, V, tok + t0 + 1, w - 1, &samp[s], &rng[s], probs, order, out);
+            ck_assert_int_eq(sacc[r], acc);
+            for (int32_t i = 0; i <= acc; i++) ck_assert_int_eq(stok[r * TW + i], out[i]);
+            for (int32_t i = 0; i < sused[r]; i++) kd_rng_uniform(&before);
+            ck_assert_msg(!memcmp(&before, &rng[s], sizeof before), "row %d: uniforms used %d", r, sused[r]);
+            ck_assert_int_eq(sused[r], samp[s].temperature > 0 ? (acc < w - 1 ? acc + 2 : w) : 0);
+            accepted_total += acc, sampled_rows += samp[s].temperature > 0;
+            recorded[s] = 1 + acc;
+            last[s] = out[acc];
+            l += (size_t)w * V;
+            t0 += w;
+        }
+    }
+    ck_assert(sampled_rows > 0);
+    /* the same states on both after the last folds */
+    const size_t sb = kd_backend_state_bytes(a);
+    float *sa = malloc(sb), *sbuf = malloc(sb);
+    for (int32_t s = 0; s < 4; s++) {
+        ck_assert(kd_backend_commit(a, s, recorded[s], 0, NULL, &err) == 0);
+        ck_assert(kd_backend_commit(b, s, recorded[s], 0, NULL, &err) == 0);
+        ck_assert(kd_backend_state_read(a, s, sa, sb, &err) == 0 && kd_backend_state_read(b, s, sbuf, sb, &err) == 0);
+        ck_assert(!memcmp(sa, sbuf, sb));
+    }
+    /* refusals: a window longer than max_window to sample, bad parameters, bad uniforms */
+    {
+        kd_batch_row row = {.slot = 0, .n_tokens = 2, .logits = KD_LOGITS_LAST, .kind = KD_ROW_VERIFY};
+        int32_t t2[2] = {1, 2}, st[TW], sa1, su1;
+        kd_batch one = {.n_rows = 1, .rows = &row, .tokens = t2};
+        kd_sample_params bad = {.temperature = 1, .top_p = 0};
+        double uu[TW] = {0.5, 0.5};
+        ck_assert(kd_backend_forward_sample(b, &one, &bad, uu, st, &sa1, &su1, &err) != 0);
+        kd_sample_params ok = {.temperature = 1, .top_p = 1};
+        uu[0] = 1.0;
+        ck_assert(kd_backend_forward_sample(b, &one, &ok, uu, st, &sa1, &su1, &err) != 0);
+        ck_assert(kd_backend_forward_sample(b, &one, &ok, NULL, st, &sa1, &su1, &err) != 0);
+        uu[0] = 0.25;
+        ck_assert_msg(kd_backend_forward_sample(b, &one, &ok, uu, st, &sa1, &su1, &err) == 0, "%s", err.msg);
+        ck_assert_int_eq(sa1, 0);
+        ck_assert_int_eq(su1, 1);
+        ck_assert(st[0] >= 0 && st[0] < V);
+    }
+    (void)accepted_total;
+    free(sa), free(sbuf), free(lg), free(probs), free(order);
+    kd_backend_free(a), kd_backend_free(b);
+    kd_model_close(m);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("verify");
     TCase *tc = tcase_create("verify");
@@ -189,6 +308,7 @@ int main(void) {
     tcase_add_test(tc, test_windows_store_all);
     tcase_add_test(tc, test_snapshots);
     tcase_add_test(tc, test_misuse);
+    tcase_add_test(tc, test_forward_sample);
     suite_add_tcase(s, tc);
     return kd_test_run_suite(s);
 }

@@ -57,9 +57,10 @@ struct kd_engine {
     /* step buffers, allocated once */
     kd_batch_row *rows;
     req **row_req;
-    int32_t *btok, *emit, *order;
-    float *logits;
-    double *probs;
+    int32_t *btok;
+    kd_sample_params *sparams;    /* [max_rows] */
+    double *uniforms;             /* [max_rows][W]: drawn from each request's generator */
+    int32_t *stok, *sacc, *sused; /* forward_sample's answers: [max_rows][W], [max_rows] x2 */
     void *snap;
     kd_engine_stats st;
 };
@@ -129,7 +130,7 @@ void kd_engine_free(kd_engine *e) {
     }
     kd_prefix_cache_free(e->pc);
     free(e->slots), free(e->reserved), free(e->queue), free(e->rows), free(e->row_req), free(e->btok);
-    free(e->emit), free(e->order), free(e->logits), free(e->probs), free(e->snap);
+    free(e->sparams), free(e->uniforms), free(e->stok), free(e->sacc), free(e->sused), free(e->snap);
     free(e);
 }
 
@@ -149,7 +150,7 @@ kd_engine *kd_engine_create(kd_backend *be, uint64_t model_fingerprint, const kd
         return NULL;
     }
     e->state_bytes = kd_backend_state_bytes(be);
-    const size_t V = (size_t)e->vocab, W = (size_t)(1 + cfg->max_spec);
+    const size_t W = (size_t)(1 + cfg->max_spec);
     e->slots = calloc((size_t)cfg->max_seqs, sizeof *e->slots);
     e->reserved = calloc((size_t)cfg->max_seqs, 1);
     e->q_cap = cfg->max_seqs + cfg->max_queue;
@@ -157,13 +158,14 @@ kd_engine *kd_engine_create(kd_backend *be, uint64_t model_fingerprint, const kd
     e->rows = calloc((size_t)max_rows, sizeof *e->rows);
     e->row_req = calloc((size_t)max_rows, sizeof *e->row_req);
     e->btok = calloc((size_t)max_tokens, sizeof *e->btok);
-    e->emit = calloc(W, sizeof *e->emit);
-    e->order = calloc(V, sizeof *e->order);
-    e->probs = calloc(V, sizeof *e->probs);
-    e->logits = malloc((size_t)cfg->max_seqs * W * V * sizeof *e->logits);
+    e->sparams = calloc((size_t)max_rows, sizeof *e->sparams);
+    e->uniforms = calloc((size_t)max_rows * W, sizeof *e->uniforms);
+    e->stok = calloc((size_t)max_rows * W, sizeof *e->stok);
+    e->sacc = calloc((size_t)max_rows, sizeof *e->sacc);
+    e->sused = calloc((size_t)max_rows, sizeof *e->sused);
     e->snap = malloc(e->state_bytes);
-    if (!e->slots || !e->reserved || !e->queue || !e->rows || !e->row_req || !e->btok || !e->emit || !e->order ||
-        !e->probs || !e->logits || !e->snap) {
+    if (!e->slots || !e->reserved || !e->queue || !e->rows || !e->row_req || !e->btok || !e->sparams ||
+        !e->uniforms || !e->stok || !e->sacc || !e->sused || !e->snap) {
         kd_engine_free(e);
         return kd_fail(err, "engine: out of memory"), NULL;
     }
@@ -516,6 +518,15 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         if (r->pending > 0 && window != r->prev_window && flush(e, r, err)) goto fail;
         e->rows[nrows] = (kd_batch_row){.slot = r->slot, .n_tokens = window, .logits = KD_LOGITS_ALL,
                                         .kind = KD_ROW_VERIFY, .fold = (int32_t)r->pending};
+        /* sampling on the backend: the request's parameters and, when it samples, the next
+         * `window` uniforms of its generator (peeked; it advances by those used) */
+        e->sparams[nrows] = (kd_sample_params){.temperature = r->sampling.temperature,
+                                               .top_p = r->sampling.top_p, .top_k = r->sampling.top_k};
+        if (r->sampling.temperature > 0) {
+            kd_rng peek = r->rng;
+            double *u = e->uniforms + (size_t)nrows * (size_t)(1 + e->cfg.max_spec);
+            for (int32_t j = 0; j < window; j++) u[j] = kd_rng_uniform(&peek);
+        }
         e->row_req[nrows++] = r;
         ntok += window;
         budget -= window;
@@ -546,17 +557,15 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         e->row_req[nrows++] = NULL;
     }
     kd_batch batch = {.n_rows = nrows, .rows = e->rows, .tokens = e->btok};
-    if (kd_backend_forward(e->be, &batch, e->logits, err)) goto fail;
+    /* forward and sampling on the backend: only tokens come back */
+    if (kd_backend_forward_sample(e->be, &batch, e->sparams, e->uniforms, e->stok, e->sacc, e->sused, err))
+        goto fail;
     e->st.steps++;
     e->rotate++;
 
-    const float *lg = e->logits;
-    int64_t off = 0;
     for (int32_t i = 0; i < nrows; i++) {
         req *r = e->row_req[i];
         const kd_batch_row *row = &e->rows[i];
-        const int32_t *toks = e->btok + off;
-        off += row->n_tokens;
         if (!r) continue;
         if (row->kind == KD_ROW_PREFILL) {
             r->committed += row->n_tokens;
@@ -574,9 +583,9 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         r->committed += row->fold;
         r->pending = 0;
         const int32_t window = row->n_tokens;
-        const int32_t a = kd_spec_accept(lg, e->vocab, toks + 1, window - 1, &r->sampling, &r->rng,
-                                         e->probs, e->order, e->emit);
-        lg += (size_t)window * e->vocab;
+        const int32_t a = e->sacc[i];
+        const int32_t *emit = e->stok + (size_t)i * (size_t)(1 + e->cfg.max_spec);
+        for (int32_t j = 0; j < e->sused[i]; j++) kd_rng_uniform(&r->rng);
         r->usage.steps++;
         r->usage.drafted += window - 1;
         r->usage.accepted += a;
@@ -584,7 +593,7 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         e->st.accepted += a;
         r->prev_window = window;
         kd_finish why;
-        const int32_t k = append(e, r, e->emit, 1 + a, &why);
+        const int32_t k = append(e, r, emit, 1 + a, &why);
         /* x0 and the accepted drafts enter the state; if a stop token cut the window short,
          * only those that are part of the request's tokens (a snapshot key must be real) */
         const int64_t n = 1 + (k < a ? k : a);
@@ -598,9 +607,9 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
             r->pending = n;
         }
         if (why != KD_FINISH_NONE) {
-            finish(e, r, why, e->emit, k);
+            finish(e, r, why, emit, k);
         } else {
-            kd_event ev = {.id = r->id, .tokens = e->emit, .n_tokens = k, .usage = r->usage};
+            kd_event ev = {.id = r->id, .tokens = emit, .n_tokens = k, .usage = r->usage};
             if (e->on_event) e->on_event(e->ctx, &ev);
         }
     }

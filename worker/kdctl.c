@@ -181,6 +181,7 @@ static struct {
     const char *service;
     /* the disaggregated path: Prefill on one worker, then Generate on another */
     const char *prefill, *decode;
+    int handoff_stats;
     /* load */
     int64_t concurrency, requests, prompt_len, vocab;
     double rate, duration;
@@ -232,6 +233,8 @@ static const flag_def FLAGS[] = {
     {"--prefill", F_STR, CMD_GEN, &O.prefill, 0, 0, NULL,
      "ADDR  route through a prefill worker (Prefill, then Generate on --decode)"},
     {"--decode", F_STR, CMD_GEN, &O.decode, 0, 0, NULL, "ADDR  the decode worker (with --prefill; default --target)"},
+    {"--handoff-stats", F_BOOL, CMD_GEN, &O.handoff_stats, 0, 0, NULL,
+     "      generate --json --prefill: add the PrefillResponse (timings, transport) as \"prefill\""},
     {"--service", F_STR, CMD_HEALTH, &O.service, 0, 0, NULL, "NAME  health service (default \"\": liveness)"},
     {"--concurrency", F_INT, CMD_LOAD, &O.concurrency, 1, 4096, NULL, "C  worker threads (calls in flight)"},
     {"--rate", F_DBL, CMD_LOAD, &O.rate, 1e-6, 1e7, NULL, "R  open loop: start R requests/s in total"},
@@ -969,6 +972,9 @@ static int gen_on_msg(void *ctx, const uint8_t *msg, size_t len) {
 
 /* The prefill worker's client in router mode (--prefill), else NULL. */
 static kd_client *g_pcl;
+/* generate --json: the PrefillResponse (timings, transport), printed with the tokens */
+static int g_keep_prefill;
+static json_t *g_prefill;
 
 /* One Generate, directly or, with --prefill, as a minimal router: Prefill on the prefill
  * worker (which samples the first token and hands the state to --decode), the first token
@@ -1011,6 +1017,10 @@ static int do_generate(kd_client *cl, const gen_req *g, const char *rid, const i
     Kdecode__V1__PrefillResponse *r = kdecode__v1__prefill_response__unpack(NULL, resp_len, resp);
     free(resp);
     if (!r) return kd_fail(err, "cannot parse the PrefillResponse");
+    if (g_keep_prefill) {
+        json_decref(g_prefill);
+        g_prefill = msg_to_json(&r->base);
+    }
     /* the first token, as the first message of the stream */
     Kdecode__V1__GenerateResponse first = KDECODE__V1__GENERATE_RESPONSE__INIT;
     Kdecode__V1__Usage u = KDECODE__V1__USAGE__INIT;
@@ -1070,6 +1080,7 @@ static int cmd_generate(kd_client *cl) {
     kd_call_status st;
     kd_err err = {{0}};
     double timeout = given(&O.timeout) ? O.timeout : 0;
+    g_keep_prefill = O.json && O.handoff_stats;
     int rc = do_generate(cl, &g, rid, g.prompt.v, g.prompt.n, timeout, gen_on_msg, &gs, &st, &err);
     gen_req_free(&g);
     if (gs.print && gs.n) printf("\n");
@@ -1090,6 +1101,7 @@ static int cmd_generate(kd_client *cl) {
         json_object_set_new(o, "finish", json_string(finish_name(gs.finish)));
         json_object_set_new(o, "request_id", jstr(gs.request_id));
         json_object_set_new(o, "usage", gs.has_usage ? msg_to_json(&gs.usage.base) : json_null());
+        if (g_prefill) json_object_set_new(o, "prefill", g_prefill), g_prefill = NULL;
         print_json(o);
     } else {
         printf("finish: %s  request_id: %s\n", finish_name(gs.finish), gs.request_id);
@@ -1102,6 +1114,8 @@ static int cmd_generate(kd_client *cl) {
         }
     }
     free(gs.tokens);
+    json_decref(g_prefill);
+    g_prefill = NULL;
     return ret;
 }
 

@@ -66,6 +66,8 @@ static const counter_desc counter_descs[] = {
      NULL},
     {"kdecode_handoff_bytes_total", "Bytes of state transferred by handoffs.", NULL},
     {"kdecode_handoff_failures_total", "Handoffs that failed.", NULL},
+    {"kdecode_handoff_nccl_fallbacks_total",
+     "Handoffs that went over gRPC because no NCCL link to the decode worker could be made.", NULL},
 };
 _Static_assert(sizeof counter_descs / sizeof *counter_descs == KD_C_COUNT,
                "one description per counter");
@@ -85,6 +87,7 @@ static const gauge_desc gauge_descs[] = {
     {"kdecode_ready", "1 while serving, 0 while loading or draining."},
     {"kdecode_draining", "1 while draining."},
     {"kdecode_handoffs_pending", "Handoffs in flight."},
+    {"kdecode_nccl_links", "NCCL communicators to handoff peers (state handoff over NCCL)."},
 };
 _Static_assert(sizeof gauge_descs / sizeof *gauge_descs == KD_G_COUNT,
                "one description per gauge");

@@ -38,6 +38,7 @@ typedef enum kd_metric_counter {
     KD_C_PREFIX_HIT_TOKENS,            /* kdecode_prefix_cache_hit_tokens_total */
     KD_C_HANDOFF_BYTES,                /* kdecode_handoff_bytes_total */
     KD_C_HANDOFF_FAILURES,             /* kdecode_handoff_failures_total */
+    KD_C_HANDOFF_NCCL_FALLBACKS,       /* kdecode_handoff_nccl_fallbacks_total */
     KD_C_COUNT
 } kd_metric_counter;
 
@@ -51,6 +52,7 @@ typedef enum kd_metric_gauge {
     KD_G_READY,           /* kdecode_ready (1 serving, 0 loading or draining) */
     KD_G_DRAINING,        /* kdecode_draining */
     KD_G_HANDOFFS_PENDING,/* kdecode_handoffs_pending */
+    KD_G_NCCL_LINKS,      /* kdecode_nccl_links */
     KD_G_COUNT
 } kd_metric_gauge;
 

@@ -1,8 +1,7 @@
-/* sample.c: see sample.h. */
+/* sample.c: see sample.h. The distribution and the draws are the kernels' reference
+ * (kd/sampling.h); this file adds the per-request generator. */
 #include "worker/sample.h"
 
-#include <math.h>
-#include <stdlib.h>
 
 int kd_sampling_check(const kd_sampling *s, const char **why) {
     if (!(s->temperature >= 0 && s->temperature <= 1e4)) return *why = "temperature must be in [0, 1e4]", -1;
@@ -38,69 +37,21 @@ uint64_t kd_rng_next(kd_rng *r) { /* xoshiro256** */
 
 double kd_rng_uniform(kd_rng *r) { return (double)(kd_rng_next(r) >> 11) * 0x1.0p-53; }
 
-int32_t kd_argmax(const float *logits, int32_t vocab) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        if (logits[i] > logits[best] || (logits[best] != logits[best] && logits[i] == logits[i]))
-            best = i;
-    return best;
+static kd_sample_params params_of(const kd_sampling *s) {
+    kd_sample_params p = {.temperature = s->temperature, .top_p = s->top_p, .top_k = s->top_k};
+    return p;
 }
 
-static _Thread_local const float *sort_logits; /* qsort has no context argument */
-static int by_logit_desc(const void *a, const void *b) {
-    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    float x = sort_logits[i], y = sort_logits[j];
-    if (x > y) return -1;
-    if (x < y) return 1;
-    return (i > j) - (i < j);
-}
+int32_t kd_argmax(const float *logits, int32_t vocab) { return kd_logits_argmax(logits, vocab); }
 
 void kd_sample_probs(const float *logits, int32_t vocab, const kd_sampling *s, double *probs,
                      int32_t *order) {
-    for (int32_t i = 0; i < vocab; i++) probs[i] = 0;
-    if (s->temperature == 0) {
-        probs[kd_argmax(logits, vocab)] = 1;
-        return;
-    }
-    int32_t n = vocab;
-    for (int32_t i = 0; i < vocab; i++) order[i] = i;
-    sort_logits = logits;
-    qsort(order, (size_t)vocab, sizeof *order, by_logit_desc);
-    if (s->top_k > 0 && s->top_k < n) n = s->top_k;
-    const double mx = logits[order[0]];
-    double z = 0;
-    for (int32_t i = 0; i < n; i++) {
-        double l = logits[order[i]];
-        double p = l == l ? exp((l - mx) / s->temperature) : 0;
-        probs[order[i]] = p;
-        z += p;
-    }
-    if (s->top_p < 1) { /* the smallest prefix (in logit order) whose mass reaches top_p */
-        double acc = 0;
-        int32_t keep = n;
-        for (int32_t i = 0; i < n; i++) {
-            acc += probs[order[i]] / z;
-            if (acc >= s->top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        for (int32_t i = keep; i < n; i++) z -= probs[order[i]], probs[order[i]] = 0;
-        n = keep;
-    }
-    for (int32_t i = 0; i < n; i++) probs[order[i]] /= z;
+    const kd_sample_params p = params_of(s);
+    kd_logits_probs(logits, vocab, &p, probs, order);
 }
 
 int32_t kd_sample_from(const double *probs, int32_t vocab, double u) {
-    double acc = 0;
-    int32_t last = -1;
-    for (int32_t i = 0; i < vocab; i++) {
-        if (probs[i] <= 0) continue;
-        acc += probs[i];
-        last = i;
-        if (u < acc) return i;
-    }
-    return last < 0 ? 0 : last; /* rounding: u beyond the summed mass */
+    return kd_probs_draw(probs, vocab, u);
 }
 
 int32_t kd_sample(const float *logits, int32_t vocab, const kd_sampling *s, kd_rng *rng,

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "kd/sampling.h"
+
 typedef struct kd_sampling {
     double temperature; /* 0: greedy */
     int32_t top_k;      /* 0: off */

@@ -22,6 +22,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -32,7 +33,11 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t by value (push_rx) */
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h> /* XXH3 on the CPU's widest vector unit (the same digests) */
+#endif
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "grpc/reflection/v1/reflection.pb-c.h"
@@ -44,6 +49,7 @@
 #include "worker/engine.h"
 #include "worker/metrics.h"
 #include "worker/model.h"
+#include "worker/nccl_link.h"
 #include "worker/run.h"
 
 #define KD_VERSION "0.1.0"
@@ -96,6 +102,9 @@ typedef struct serve_opts {
     const char *peer_tls_ca;
     int32_t debug_handoff_delay_ms;
     int act_bf16;
+    const char *handoff_transport; /* grpc | nccl | auto */
+    int32_t nccl_max_links;
+    double nccl_idle_seconds, nccl_connect_seconds;
 } serve_opts;
 
 static void usage(FILE *f) {
@@ -109,6 +118,13 @@ static void usage(FILE *f) {
             "  --peer-tls-ca F          roots to verify decode workers when handing off over TLS\n"
             "                           (with --tls-cert/--tls-key as the client certificate)\n"
             "  --debug-handoff-delay-ms MS  sleep between handoff chunks (fault-injection tests)\n"
+            "  --handoff-transport grpc|nccl|auto  how states travel between GPU workers: nccl\n"
+            "                           sends GPU to GPU (needs --backend cuda), grpc in chunks;\n"
+            "                           auto (default): nccl when this worker runs on a GPU, and\n"
+            "                           for any peer where a link cannot be made, grpc\n"
+            "  --nccl-max-links N       NCCL communicators kept to handoff peers (default 8)\n"
+            "  --nccl-idle-seconds S    an unused NCCL communicator is closed after S (default 300)\n"
+            "  --nccl-connect-seconds S  creating a communicator must finish within S (default 10)\n"
             "  --backend cpu|cuda|auto  compute backend (default auto: CUDA when a GPU is usable,\n"
             "                           else the CPU)\n"
             "  --activations fp32|bf16  GPU activation type (default bf16; the CPU computes in fp32)\n"
@@ -132,7 +148,7 @@ static void usage(FILE *f) {
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
            O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
-           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_HELP };
+           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_HELP };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
         {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
@@ -147,6 +163,8 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         {"tls-client-ca", required_argument, 0, O_CA}, {"log-json", no_argument, 0, O_JSON},
         {"handoff-lease-seconds", required_argument, 0, O_LEASE}, {"peer-tls-ca", required_argument, 0, O_PEERCA},
         {"debug-handoff-delay-ms", required_argument, 0, O_DELAY}, {"activations", required_argument, 0, O_ACT},
+        {"handoff-transport", required_argument, 0, O_XPORT}, {"nccl-max-links", required_argument, 0, O_NLINKS},
+        {"nccl-idle-seconds", required_argument, 0, O_NIDLE}, {"nccl-connect-seconds", required_argument, 0, O_NCONN},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     kd_engine_config_defaults(&o->eng);
@@ -157,6 +175,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     o->eng.max_batch_tokens = 0;
     o->default_spec = 3, o->cq_threads = 2, o->max_message_bytes = 4 << 20, o->retry_pushback_ms = 200;
     o->drain_seconds = 30, o->handoff_lease_seconds = 30;
+    o->handoff_transport = "auto", o->nccl_max_links = 8, o->nccl_idle_seconds = 300, o->nccl_connect_seconds = 10;
     long long v;
     unsigned long long u;
     int c, li = 0;
@@ -175,6 +194,13 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         case O_LEASE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->handoff_lease_seconds); break;
         case O_PEERCA: o->peer_tls_ca = optarg; break;
         case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
+        case O_XPORT:
+            o->handoff_transport = optarg;
+            bad = strcmp(optarg, "grpc") && strcmp(optarg, "nccl") && strcmp(optarg, "auto");
+            break;
+        case O_NLINKS: bad = kd_parse_i64(optarg, 1, 1024, &v); o->nccl_max_links = (int32_t)v; break;
+        case O_NIDLE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->nccl_idle_seconds); break;
+        case O_NCONN: bad = kd_parse_f64(optarg, 0.001, 3600, &o->nccl_connect_seconds); break;
         case O_BACKEND:
             o->backend = optarg;
             bad = strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto");
@@ -213,6 +239,9 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     }
     if (optind < argc) return fprintf(stderr, "kdecode serve: unexpected argument '%s'\n", argv[optind]), -1;
     if (!o->model_dir) return fprintf(stderr, "kdecode serve: --model is required\n"), -1;
+    if (!strcmp(o->handoff_transport, "nccl") && !strcmp(o->backend, "cpu"))
+        return fprintf(stderr, "kdecode serve: --handoff-transport nccl needs a GPU backend (--backend cuda or auto)\n"),
+               -1;
     if (!o->tls_cert != !o->tls_key)
         return fprintf(stderr, "kdecode serve: --tls-cert and --tls-key go together\n"), -1;
     if (o->tls_client_ca && !o->tls_cert)
@@ -259,11 +288,13 @@ typedef struct cmd {
     int32_t n_drafts;
     int32_t slot;          /* SUBMIT into a reserved slot (-1: queue), RELEASE, WRITE, VERIFY */
     uint64_t id;           /* ABORT */
-    uint64_t offset;       /* WRITE: len bytes from src, owned as data (malloc) or slice */
+    uint64_t offset;       /* WRITE: len bytes from src (owned as data, malloc) or from the
+                            * message bb after its first skip bytes (owned); rx: checksums */
     uint8_t *data;
     const uint8_t *src;
-    grpc_slice slice;
-    int has_slice;
+    grpc_byte_buffer *bb;
+    size_t skip;
+    struct push_rx *rx;
     size_t len;
     const sect *sects;     /* VERIFY */
     size_t n_sects;
@@ -307,6 +338,22 @@ typedef struct server {
 } server;
 
 static server g_srv;
+/* the NCCL transport's links (NULL: states travel over gRPC only) */
+static kd_nccl *g_nccl;
+static const char *g_nccl_off = "--handoff-transport grpc";
+static const char *layout_fingerprint(void);
+typedef struct push_call push_call;
+static int push_nccl_begin(push_call *p, const Kdecode__V1__HandoffHeader *hd, char *msg, size_t len);
+static int push_nccl_cancel(push_call *p);
+static void push_ready(push_call *p, const char *how);
+typedef struct prefill_call prefill_call;
+static void *prefill_state_get(prefill_call *p);
+static kd_client *peer_client(const char *target, int *owned, kd_err *err);
+static void peer_client_drop(const char *target, kd_client *cl);
+static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, size_t *resp_len, int *code, char *msg,
+                             size_t len, double *t_xfer, kd_err *err);
+static int prefill_state_to_host(prefill_call *p, kd_err *err);
+static void prefill_state_put(prefill_call *p);
 
 static gen_call *registry_find(const char *id);
 static void enqueue_abort_locked(gen_call *g);
@@ -315,6 +362,8 @@ static void gen_on_event(sink *k, const kd_event *ev);
 typedef struct gen_call gen_call;
 static int handoff_claim(gen_call *g, int32_t *slot, char *msg, size_t len);
 static int run_sync(cmd *c);
+static int push_write_cmd(const cmd *c, kd_err *err);
+static int push_verify_cmd(const cmd *c, kd_err *err);
 
 /* ------------------------------------------------------------------ message helpers */
 
@@ -489,7 +538,7 @@ static void fill_loads(Kdecode__V1__Loads *l) {
 
 /* --------------------------------------------------------------------- unary calls */
 
-typedef enum { U_ABORT, U_LOADS, U_INFO, U_HEALTH } unary_kind;
+typedef enum { U_ABORT, U_LOADS, U_INFO, U_HEALTH, U_NCCL } unary_kind;
 
 typedef struct unary_call {
     tag t;
@@ -598,6 +647,49 @@ static void unary_done(void *obj, int ok) {
             i.commit_mode = (char *)kd_commit_mode_name(g_srv.o.eng.commit);
             i.max_message_bytes = g_srv.o.max_message_bytes;
             out = pack_bb(&i.base);
+            break;
+        }
+        case U_NCCL: {
+            Kdecode__V1__NcclConnectRequest *q = kdecode__v1__nccl_connect_request__unpack(NULL, len, data);
+            if (!q) {
+                code = GRPC_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, sizeof msg, "cannot parse kdecode.v1.NcclConnectRequest");
+                break;
+            }
+            if (atomic_load(&g_srv.state) != ST_SERVING) {
+                code = GRPC_STATUS_UNAVAILABLE;
+                snprintf(msg, sizeof msg, "the worker is not serving");
+            } else if (!g_nccl) {
+                code = GRPC_STATUS_FAILED_PRECONDITION;
+                snprintf(msg, sizeof msg, "this worker takes no NCCL handoffs (%s)", g_nccl_off);
+            } else if (strcmp(q->model_fingerprint, layout_fingerprint())) {
+                code = GRPC_STATUS_FAILED_PRECONDITION;
+                snprintf(msg, sizeof msg, "model fingerprint '%.100s' differs from this worker's '%s'",
+                         q->model_fingerprint, layout_fingerprint());
+            } else {
+                kd_dev_region regs[64];
+                kd_err rerr;
+                const int nr = kd_backend_state_regions(g_srv.be, 0, regs, 64, &rerr);
+                uint64_t parts[64];
+                for (int i = 0; i < nr; i++) parts[i] = regs[i].n_bytes;
+                int rc = nr < 1 ? (snprintf(msg, sizeof msg, "this worker's slots: %.300s", rerr.msg), KD_STATUS_INTERNAL)
+                                : kd_nccl_accept(g_nccl, q->comm_id, q->unique_id.data, q->unique_id.len, msg, sizeof msg);
+                kd_metrics_set(g_srv.metrics, KD_G_NCCL_LINKS, kd_nccl_count(g_nccl));
+                if (rc) {
+                    code = (grpc_status_code)rc;
+                } else {
+                    kd_cuda_info ci;
+                    kd_cuda_describe(&ci);
+                    Kdecode__V1__NcclConnectResponse r = KDECODE__V1__NCCL_CONNECT_RESPONSE__INIT;
+                    r.device = 0;
+                    r.device_name = ci.device0_name;
+                    r.nccl_version = kd_nccl_version();
+                    r.n_recv_parts = (size_t)nr, r.recv_parts = parts;
+                    out = pack_bb(&r.base);
+                    logf_("nccl-link", "joining communicator %s", q->comm_id);
+                }
+            }
+            kdecode__v1__nccl_connect_request__free_unpacked(q, NULL);
             break;
         }
         case U_HEALTH: {
@@ -1097,10 +1189,14 @@ static void run_cmd(cmd *c) {
         kd_engine_release_slot(g_srv.eng, c->slot);
         break;
     case CMD_WRITE:
-        c->result = kd_backend_state_write_part(g_srv.be, c->slot, c->offset, c->src, c->len, &err);
+        c->result = push_write_cmd(c, &err);
         if (c->result) logf_("handoff-write-failed", "%s", err.msg);
         break;
     case CMD_VERIFY:
+        if (c->rx) { /* hashed as the chunks landed */
+            c->result = push_verify_cmd(c, &err);
+            break;
+        }
         c->result = 0;
         for (size_t i = 0; i < c->n_sects; i++) {
             uint64_t h = 0;
@@ -1155,7 +1251,7 @@ static void *engine_main(void *arg) {
                 pthread_cond_broadcast(&g_srv.cv);
                 pthread_mutex_unlock(&g_srv.mu);
             } else {
-                if (c->has_slice) grpc_slice_unref(c->slice);
+                if (c->bb) grpc_byte_buffer_destroy(c->bb);
                 free(c->data);
                 free(c);
             }
@@ -1510,6 +1606,8 @@ typedef struct layout_desc {
 
 static layout_desc g_layout;
 
+static const char *layout_fingerprint(void) { return g_layout.fingerprint; }
+
 static int layout_init(void) {
     const kd_config *c = &g_srv.model->config;
     const kd_state_layout *l = &g_srv.be->layout;
@@ -1678,6 +1776,110 @@ static int handoff_begin(const Kdecode__V1__HandoffHeader *hd, handoff **out, ch
     return KD_STATUS_OK;
 }
 
+/* The decode side's checksums of a push, kept by the engine thread as the chunks land: each
+ * piece is written into the slot, then read back from the slot into its section's streaming
+ * XXH3 while it is still in cache, so the final check needs no second pass over the state and
+ * still covers what landed in the slot, not what was received. Only the engine thread touches
+ * it (the writes are queued in order, the final check is a synchronous command after them);
+ * a command queued after the call's last write frees it. */
+typedef struct push_rx {
+    XXH3_state_t st;              /* section `sect` so far (first: its 64-byte alignment) */
+    size_t sect;                  /* sections [0, sect) are complete, their digests in got */
+    uint64_t at;                  /* the next byte: writes are contiguous from 0 */
+    int failed;                   /* a write or hash failed, or a write out of order */
+    uint64_t got[];
+} push_rx;
+
+/* written, then hashed back from the slot while it is still in L2 */
+#define KD_HASH_PIECE ((size_t)64 << 10)
+
+static push_rx *push_rx_new(void) {
+    const size_t bytes = (sizeof(push_rx) + g_layout.n * sizeof(uint64_t) + 63) & ~(size_t)63;
+    push_rx *rx = aligned_alloc(64, bytes);
+    if (!rx) return NULL;
+    memset(rx, 0, bytes);
+    XXH3_64bits_reset(&rx->st);
+    return rx;
+}
+
+/* Closes the sections that end at or before rx->at (every byte of them was fed). */
+static void push_rx_close(push_rx *rx) {
+    while (rx->sect < g_layout.n && rx->at >= g_layout.sects[rx->sect].offset + g_layout.sects[rx->sect].size) {
+        rx->got[rx->sect++] = XXH3_64bits_digest(&rx->st);
+        XXH3_64bits_reset(&rx->st);
+    }
+}
+
+/* Writes bytes [off, off + len) of a pushed state into the slot and, with rx, feeds them as
+ * they now are in the slot to their sections' checksums. Engine thread. */
+static int push_rx_write(int32_t slot, push_rx *rx, uint64_t off, const uint8_t *src, size_t len, kd_err *err) {
+    if (!rx) return kd_backend_state_write_part(g_srv.be, slot, off, src, len, err);
+    if (rx->failed) return 0; /* logged once; the final check refuses the state */
+    if (off != rx->at) {
+        rx->failed = 1;
+        return kd_fail(err, "handoff write at %" PRIu64 ", expected %" PRIu64, off, rx->at);
+    }
+    while (len) {
+        push_rx_close(rx);
+        size_t n = len < KD_HASH_PIECE ? len : KD_HASH_PIECE;
+        int hashed = 0;
+        if (rx->sect < g_layout.n) {
+            const sect *se = &g_layout.sects[rx->sect];
+            if (off < se->offset) { /* a gap before the section: not covered by a checksum */
+                if (n > se->offset - off) n = (size_t)(se->offset - off);
+            } else {
+                if (n > se->offset + se->size - off) n = (size_t)(se->offset + se->size - off);
+                hashed = 1;
+            }
+        }
+        if (kd_backend_state_write_part(g_srv.be, slot, off, src, n, err) ||
+            (hashed && kd_backend_state_hash_update(g_srv.be, slot, off, n, &rx->st, err))) {
+            rx->failed = 1;
+            return -1;
+        }
+        off += n, src += n, len -= n;
+        rx->at = off;
+    }
+    push_rx_close(rx);
+    return 0;
+}
+
+/* CMD_WRITE: the bytes from src, or from the message's slices after its first skip bytes. */
+static int push_write_cmd(const cmd *c, kd_err *err) {
+    if (!c->bb) return c->len ? push_rx_write(c->slot, c->rx, c->offset, c->src, c->len, err) : 0;
+    const grpc_slice_buffer *sb = &c->bb->data.raw.slice_buffer;
+    size_t skip = c->skip, left = c->len;
+    uint64_t off = c->offset;
+    for (size_t i = 0; i < sb->count && left; i++) {
+        const uint8_t *d = GRPC_SLICE_START_PTR(sb->slices[i]);
+        size_t n = GRPC_SLICE_LENGTH(sb->slices[i]);
+        if (skip >= n) {
+            skip -= n;
+            continue;
+        }
+        d += skip, n -= skip, skip = 0;
+        if (n > left) n = left;
+        if (push_rx_write(c->slot, c->rx, off, d, n, err)) return -1;
+        off += n, left -= n;
+    }
+    if (left) {
+        if (c->rx) c->rx->failed = 1;
+        return kd_fail(err, "handoff chunk: %zu bytes missing", left);
+    }
+    return 0;
+}
+
+/* CMD_VERIFY with rx: every byte written, every section hashed, each digest as announced.
+ * 0, the 1-based index of the first bad section, or -2 if the state could not be written. */
+static int push_verify_cmd(const cmd *c, kd_err *err) {
+    const push_rx *rx = c->rx;
+    if (rx->failed || rx->at != g_layout.total || rx->sect != c->n_sects)
+        return kd_fail(err, "the state was not written whole into the slot"), -2;
+    for (size_t i = 0; i < c->n_sects; i++)
+        if (rx->got[i] != c->sects[i].xxh3) return (int)i + 1;
+    return 0;
+}
+
 /* PushState: header, chunks, end; one call object, its batches one after another. */
 struct push_call {
     tag t_recv, t_close;
@@ -1688,8 +1890,14 @@ struct push_call {
     int close_cancelled, finished;
     handoff *h;
     sect *sects;                  /* the header's checksums */
+    push_rx *rx;                  /* the engine thread's (NULL: a backend without incremental hashing) */
+    cmd *rx_free;                 /* queued at the end to free rx after the last write */
     uint64_t received;
     double t0;
+    int nccl;                     /* the state comes over NCCL, straight into the slot */
+    kd_nccl_job *job;             /* the NCCL receive, until its completion (under mu) */
+    kd_dev_region *regs;          /* the slot's device regions, one per section */
+    double t_posted, t_landed;    /* NCCL: receive posted, data landed */
 };
 
 static void push_unref(push_call *p) {
@@ -1698,6 +1906,15 @@ static void push_unref(push_call *p) {
     pthread_mutex_unlock(&p->mu);
     if (left) return;
     if (p->recv_bb) grpc_byte_buffer_destroy(p->recv_bb);
+    free(p->regs);
+    if (p->rx) { /* after the writes still queued: a no-op write that frees it */
+        p->rx_free->kind = CMD_WRITE, p->rx_free->data = (uint8_t *)p->rx;
+        pthread_mutex_lock(&g_srv.mu);
+        enqueue_locked(p->rx_free);
+        pthread_mutex_unlock(&g_srv.mu);
+    } else {
+        free(p->rx_free);
+    }
     free(p->sects);
     grpc_call_unref(p->call);
     pthread_mutex_destroy(&p->mu);
@@ -1707,8 +1924,11 @@ static void push_unref(push_call *p) {
 
 /* Ends the push with a status; drops the handoff unless it became claimable. */
 static void push_finish(push_call *p, int code, const char *msg, long pushback, grpc_byte_buffer *reply) {
+    /* an NCCL receive still running may write into the slot: stop it first; its completion
+     * then drops the handoff */
+    const int running = code != KD_STATUS_OK && push_nccl_cancel(p);
     pthread_mutex_lock(&g_srv.mu);
-    if (p->h) {
+    if (p->h && !running) {
         p->h->push = NULL;
         if (code != KD_STATUS_OK) handoff_drop_locked(p->h, msg);
         p->h = NULL;
@@ -1731,6 +1951,49 @@ static void push_recv_next(push_call *p) {
     if (start_recv_message(p->call, &p->recv_bb, &p->t_recv)) push_unref(p);
 }
 
+/* A chunk message as the sender writes it: field 2 (bytes) and nothing else. From the first
+ * bytes d[0, have) of a message of len bytes: 1 with the payload's offset and length. */
+static int push_chunk_prefix(const uint8_t *d, size_t have, size_t len, size_t *skip, uint64_t *n) {
+    if (have < 2 || d[0] != ((2 << 3) | 2)) return 0;
+    uint64_t v = 0;
+    for (size_t k = 1; k < have && k <= 10; k++) {
+        v |= (uint64_t)(d[k] & 0x7f) << (7 * (k - 1));
+        if (!(d[k] & 0x80)) {
+            *skip = k + 1, *n = v;
+            return v == len - (k + 1);
+        }
+    }
+    return 0;
+}
+
+/* Queues the write of n chunk bytes (from src, or from bb after skip bytes) at p->received. */
+static int push_queue_write(push_call *p, grpc_byte_buffer *bb, size_t skip, uint8_t *data, uint64_t n, char *msg,
+                            size_t msglen) {
+    if (n > KD_HANDOFF_CHUNK || n > g_layout.total - p->received) {
+        snprintf(msg, msglen, "chunk of %" PRIu64 " bytes at %" PRIu64 ": chunks are at most 1 MiB and end at %" PRIu64,
+                 n, p->received, g_layout.total);
+        return KD_STATUS_INVALID_ARGUMENT;
+    }
+    cmd *c = n ? calloc(1, sizeof *c) : NULL;
+    if (n && !c) {
+        snprintf(msg, msglen, "out of memory");
+        return KD_STATUS_INTERNAL;
+    }
+    if (!n) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        free(data);
+        return KD_STATUS_OK;
+    }
+    /* into the slot, in order, by the engine thread */
+    c->kind = CMD_WRITE, c->slot = p->h->slot, c->offset = p->received, c->len = (size_t)n, c->rx = p->rx;
+    c->bb = bb, c->skip = skip, c->data = data, c->src = data;
+    p->received += n;
+    pthread_mutex_lock(&g_srv.mu);
+    enqueue_locked(c);
+    pthread_mutex_unlock(&g_srv.mu);
+    return KD_STATUS_OK;
+}
+
 static void push_recv_done(void *obj, int ok) {
     push_call *p = obj;
     grpc_byte_buffer *bb = p->recv_bb;
@@ -1739,6 +2002,10 @@ static void push_recv_done(void *obj, int ok) {
     long pushback = -1;
     if (!ok || p->finished) { /* the stream broke: the prefill side is gone */
         if (bb) grpc_byte_buffer_destroy(bb);
+        if (push_nccl_cancel(p)) { /* a receive was running: its completion drops the handoff */
+            push_unref(p);
+            return;
+        }
         pthread_mutex_lock(&g_srv.mu);
         if (p->h) {
             p->h->push = NULL;
@@ -1751,7 +2018,9 @@ static void push_recv_done(void *obj, int ok) {
         return;
     }
     if (!bb) { /* end of stream: complete? verified? */
-        if (!p->h) {
+        if (p->nccl) {
+            /* the header was all: the NCCL receive's completion answers */
+        } else if (!p->h) {
             push_finish(p, KD_STATUS_INVALID_ARGUMENT, "empty stream: a HandoffHeader comes first", -1, NULL);
         } else if (p->received != g_layout.total) {
             snprintf(msg, sizeof msg, "truncated state: %" PRIu64 " of %" PRIu64 " bytes", p->received, g_layout.total);
@@ -1761,35 +2030,52 @@ static void push_recv_done(void *obj, int ok) {
             int bad = -1;
             if (c) {
                 c->kind = CMD_VERIFY, c->slot = p->h->slot, c->sects = p->sects, c->n_sects = g_layout.n;
+                c->rx = p->rx;
                 bad = run_sync(c);
                 free(c);
             }
             if (bad) {
-                snprintf(msg, sizeof msg, "checksum mismatch in state section %s",
-                         bad > 0 ? g_layout.names[bad - 1] : "(out of memory)");
+                if (bad > 0) snprintf(msg, sizeof msg, "checksum mismatch in state section %s", g_layout.names[bad - 1]);
+                else snprintf(msg, sizeof msg, "%s", bad == -2 ? "the state could not be written into the slot"
+                                                               : "out of memory");
                 push_finish(p, bad > 0 ? KD_STATUS_DATA_LOSS : KD_STATUS_INTERNAL, msg, -1, NULL);
             } else {
-                Kdecode__V1__PushStateResponse r = KDECODE__V1__PUSH_STATE_RESPONSE__INIT;
-                pthread_mutex_lock(&g_srv.mu);
-                handoff *h = p->h;
-                h->ready = 1;
-                h->push = NULL;
-                h->expires = now_s() + g_srv.o.handoff_lease_seconds;
-                r.handoff_id = h->id;
-                r.bytes_received = p->received;
-                r.lease_seconds = g_srv.o.handoff_lease_seconds;
-                grpc_byte_buffer *reply = pack_bb(&r.base);
-                p->h = NULL;
-                pthread_mutex_unlock(&g_srv.mu);
-                kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_BYTES, p->received);
-                kd_metrics_observe(g_srv.metrics, KD_H_HANDOFF, now_s() - p->t0);
-                logf_("handoff-ready", "id=%s slot=%d bytes=%" PRIu64 " in %.3f s", r.handoff_id, h->slot, p->received,
-                      now_s() - p->t0);
-                push_finish(p, KD_STATUS_OK, "", -1, reply);
+                push_ready(p, "");
             }
         }
         push_unref(p);
         return;
+    }
+    if (p->nccl) {
+        grpc_byte_buffer_destroy(bb);
+        push_finish(p, KD_STATUS_INVALID_ARGUMENT, "an NCCL handoff's stream carries only its header", -1, NULL);
+        push_unref(p);
+        return;
+    }
+    /* A chunk is the common message: recognised from its first bytes and handed, as gRPC's
+     * slices (no flattening copy), to the engine thread, which copies them into the slot. */
+    if (p->h && bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
+        const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+        uint8_t d[11];
+        size_t have = 0, skip = 0;
+        for (size_t i = 0; i < sb->count && have < sizeof d; i++) {
+            size_t n = GRPC_SLICE_LENGTH(sb->slices[i]);
+            if (n > sizeof d - have) n = sizeof d - have;
+            memcpy(d + have, GRPC_SLICE_START_PTR(sb->slices[i]), n);
+            have += n;
+        }
+        uint64_t n = 0;
+        if (push_chunk_prefix(d, have, grpc_byte_buffer_length(bb), &skip, &n)) {
+            const int code = push_queue_write(p, bb, skip, NULL, n, msg, sizeof msg);
+            if (code != KD_STATUS_OK) {
+                grpc_byte_buffer_destroy(bb);
+                push_finish(p, code, msg, -1, NULL);
+            } else {
+                push_recv_next(p);
+            }
+            push_unref(p);
+            return;
+        }
     }
     grpc_slice s;
     if (read_bb(bb, &s)) {
@@ -1799,49 +2085,6 @@ static void push_recv_done(void *obj, int ok) {
         return;
     }
     grpc_byte_buffer_destroy(bb);
-    /* A chunk is the common message: read it by hand (field 2, bytes, and nothing else) so
-     * that its bytes go from gRPC's slice to the slot with one copy, on the engine thread. */
-    if (p->h) {
-        const uint8_t *d = GRPC_SLICE_START_PTR(s);
-        const size_t len = GRPC_SLICE_LENGTH(s);
-        uint64_t n = 0;
-        size_t k = 1;
-        int shift = 0;
-        if (len > 1 && d[0] == ((2 << 3) | 2)) {
-            for (; k < len && k < 11; k++, shift += 7) {
-                n |= (uint64_t)(d[k] & 0x7f) << shift;
-                if (!(d[k] & 0x80)) break;
-            }
-            k++;
-        }
-        if (len > 1 && d[0] == ((2 << 3) | 2) && k <= len && n == len - k) {
-            int code = KD_STATUS_OK;
-            if (n > KD_HANDOFF_CHUNK || n > g_layout.total - p->received) {
-                code = KD_STATUS_INVALID_ARGUMENT;
-                snprintf(msg, sizeof msg, "chunk of %" PRIu64 " bytes at %" PRIu64 ": chunks are at most 1 MiB and end at %" PRIu64,
-                         n, p->received, g_layout.total);
-            } else if (n) {
-                cmd *c = calloc(1, sizeof *c);
-                if (!c) {
-                    code = KD_STATUS_INTERNAL;
-                    snprintf(msg, sizeof msg, "out of memory");
-                } else {
-                    c->kind = CMD_WRITE, c->slot = p->h->slot, c->offset = p->received, c->len = (size_t)n;
-                    c->slice = grpc_slice_ref(s), c->has_slice = 1;
-                    c->src = d + k;
-                    p->received += n;
-                    pthread_mutex_lock(&g_srv.mu);
-                    enqueue_locked(c);
-                    pthread_mutex_unlock(&g_srv.mu);
-                }
-            }
-            grpc_slice_unref(s);
-            if (code != KD_STATUS_OK) push_finish(p, code, msg, -1, NULL);
-            else push_recv_next(p);
-            push_unref(p);
-            return;
-        }
-    }
     Kdecode__V1__PushStateRequest *m =
         kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
@@ -1854,8 +2097,15 @@ static void push_recv_done(void *obj, int ok) {
             code = KD_STATUS_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "a HandoffHeader comes first");
         } else if ((code = handoff_begin(m->header, &p->h, msg, sizeof msg, &pushback)) == KD_STATUS_OK) {
+            const int incremental = kd_backend_has_hash_update(g_srv.be);
             p->sects = calloc(g_layout.n, sizeof *p->sects);
-            if (!p->sects) {
+            if (incremental) {
+                p->rx = push_rx_new();
+                p->rx_free = calloc(1, sizeof *p->rx_free);
+            }
+            if (!p->sects || (incremental && (!p->rx || !p->rx_free))) {
+                free(p->rx), free(p->rx_free);
+                p->rx = NULL, p->rx_free = NULL;
                 code = KD_STATUS_INTERNAL;
                 snprintf(msg, sizeof msg, "out of memory");
             } else {
@@ -1865,31 +2115,26 @@ static void push_recv_done(void *obj, int ok) {
                 pthread_mutex_lock(&g_srv.mu);
                 p->h->push = p;
                 pthread_mutex_unlock(&g_srv.mu);
-                logf_("handoff-start", "id=%s slot=%d bytes=%" PRIu64, p->h->id, p->h->slot, g_layout.total);
+                const int nccl = m->header->transport == KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL;
+                logf_("handoff-start", "id=%s slot=%d bytes=%" PRIu64 "%s", p->h->id, p->h->slot, g_layout.total,
+                      nccl ? " over NCCL" : "");
+                if (nccl) code = push_nccl_begin(p, m->header, msg, sizeof msg);
             }
         }
     } else if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_CHUNK) {
         code = KD_STATUS_INVALID_ARGUMENT;
         snprintf(msg, sizeof msg, "a second header in one stream");
-    } else if (m->chunk.len > KD_HANDOFF_CHUNK || m->chunk.len > g_layout.total - p->received) {
-        code = KD_STATUS_INVALID_ARGUMENT;
-        snprintf(msg, sizeof msg, "chunk of %zu bytes at %" PRIu64 ": chunks are at most 1 MiB and end at %" PRIu64,
-                 m->chunk.len, p->received, g_layout.total);
+    } else if (m->chunk.len > KD_HANDOFF_CHUNK) {
+        code = push_queue_write(p, NULL, 0, NULL, m->chunk.len, msg, sizeof msg);
     } else if (m->chunk.len) {
-        cmd *c = calloc(1, sizeof *c);
         uint8_t *data = malloc(m->chunk.len);
-        if (!c || !data) {
-            free(c), free(data);
+        if (!data) {
             code = KD_STATUS_INTERNAL;
             snprintf(msg, sizeof msg, "out of memory");
-        } else { /* into the slot, in order, by the engine thread */
+        } else {
             memcpy(data, m->chunk.data, m->chunk.len);
-            c->kind = CMD_WRITE, c->slot = p->h->slot, c->offset = p->received, c->data = data, c->len = m->chunk.len;
-            c->src = data;
-            p->received += m->chunk.len;
-            pthread_mutex_lock(&g_srv.mu);
-            enqueue_locked(c);
-            pthread_mutex_unlock(&g_srv.mu);
+            code = push_queue_write(p, NULL, 0, data, m->chunk.len, msg, sizeof msg);
+            if (code != KD_STATUS_OK) free(data);
         }
     }
     if (m) kdecode__v1__push_state_request__free_unpacked(m, NULL);
@@ -1900,10 +2145,21 @@ static void push_recv_done(void *obj, int ok) {
 
 static void push_close_done(void *obj, int ok) {
     (void)ok;
+    if (((push_call *)obj)->close_cancelled) push_nccl_cancel((push_call *)obj); /* e.g. Abort */
     push_unref((push_call *)obj); /* a broken stream shows in the pending receive */
 }
 
+/* Once, at the first PushState: freed memory stays in the allocator instead of going back to
+ * the kernel. gRPC reads a handoff into 64 KiB buffers that are freed as soon as the engine
+ * has copied them; returned to the kernel and faulted in again, they cost one page fault per
+ * 4 KiB received (about 11,000 for the 42.8 MiB state). */
+static void push_keep_freed_memory(void) {
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
 static void push_start(grpc_call *call) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, push_keep_freed_memory);
     push_call *p = calloc(1, sizeof *p);
     if (!p) {
         grpc_call_cancel(call, NULL);
@@ -2004,6 +2260,7 @@ typedef struct prefill_call {
     int32_t *prompt, *stop;
     kd_request_params params;
     void *state;
+    int state_dev;                /* state is device memory (for the NCCL transport) */
     int32_t first_token;
     kd_finish fin;
     int exported;
@@ -2018,7 +2275,7 @@ static void prefill_unref(prefill_call *p) {
     if (left) return;
     if (p->recv_bb) grpc_byte_buffer_destroy(p->recv_bb);
     free(p->prompt), free(p->stop);
-    state_buf_put(p->state);
+    prefill_state_put(p);
     grpc_call_unref(p->call);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -2083,6 +2340,43 @@ static int push_next(void *ctx, kd_msg *out) {
     return 1;
 }
 
+/* The sections' checksums for the header, over [from, to). */
+typedef struct push_hash_job {
+    const uint8_t *state;
+    Kdecode__V1__StateSection *secs;
+    size_t from, to;
+} push_hash_job;
+
+static void *push_hash_run(void *arg) {
+    const push_hash_job *j = arg;
+    for (size_t i = j->from; i < j->to; i++)
+        j->secs[i].xxh3 = XXH3_64bits(j->state + j->secs[i].offset, (size_t)j->secs[i].size);
+    return NULL;
+}
+
+/* The checksums of every section: the second half of the bytes on a helper thread, started
+ * first, the first half by the caller (the state is read from memory at the speed one core
+ * can pull it; two pull faster, and the caller connects meanwhile). */
+typedef struct push_hash {
+    push_hash_job a, b;
+    pthread_t th;
+    int helper;
+} push_hash;
+
+static void push_hash_start(push_hash *ph, const uint8_t *state, Kdecode__V1__StateSection *secs) {
+    size_t mid = 0;
+    for (uint64_t half = 0; mid < g_layout.n && half < g_layout.total / 2; mid++) half += secs[mid].size;
+    ph->a = (push_hash_job){state, secs, 0, mid};
+    ph->b = (push_hash_job){state, secs, mid, g_layout.n};
+    ph->helper = mid < g_layout.n && pthread_create(&ph->th, NULL, push_hash_run, &ph->b) == 0;
+}
+
+static void push_hash_finish(push_hash *ph) {
+    push_hash_run(&ph->a);
+    if (ph->helper) pthread_join(ph->th, NULL);
+    else push_hash_run(&ph->b);
+}
+
 static void *prefill_push_main(void *arg) {
     prefill_call *p = arg;
     Kdecode__V1__HandoffHeader hd = KDECODE__V1__HANDOFF_HEADER__INIT;
@@ -2095,10 +2389,35 @@ static void *prefill_push_main(void *arg) {
     const double t_push = now_s();
     push_src ps = {.p = p, .hd = &hd};
     kd_client *cl = NULL;
+    double t_xfer = 0;
+    int via_nccl = 0, cl_cached = 0;
     if (!secs || !secp) {
         code = KD_STATUS_INTERNAL;
         snprintf(msg, sizeof msg, "out of memory");
         goto done;
+    }
+    if (p->state_dev) { /* the NCCL transport first; without a link to this peer, gRPC */
+        kd_err nerr;
+        int owned = 0;
+        if (!(cl = peer_client(p->target, &owned, &nerr))) {
+            code = KD_STATUS_UNAVAILABLE;
+            snprintf(msg, sizeof msg, "decode worker %s: %.300s", p->target, nerr.msg);
+            goto done;
+        }
+        cl_cached = !owned;
+        if (prefill_push_nccl(p, cl, &resp, &resp_len, &code, msg, sizeof msg, &t_xfer, &nerr) == 0) {
+            via_nccl = 1;
+            goto done;
+        }
+        kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_NCCL_FALLBACKS, 1);
+        logf_("nccl-fallback", "id=%s to=%s: %s; the state goes over gRPC", p->id, p->target, nerr.msg);
+        if (!cl_cached) kd_client_close(cl);
+        cl = NULL, cl_cached = 0;
+        if (prefill_state_to_host(p, &nerr)) {
+            code = KD_STATUS_INTERNAL;
+            snprintf(msg, sizeof msg, "%.300s", nerr.msg);
+            goto done;
+        }
     }
     for (size_t i = 0; i < g_layout.n; i++) {
         kdecode__v1__state_section__init(&secs[i]);
@@ -2108,9 +2427,17 @@ static void *prefill_push_main(void *arg) {
         secs[i].shape = g_layout.shapes[i];
         secs[i].offset = g_layout.sects[i].offset;
         secs[i].size = g_layout.sects[i].size;
-        secs[i].xxh3 = XXH3_64bits((const uint8_t *)p->state + secs[i].offset, (size_t)secs[i].size);
         secp[i] = &secs[i];
     }
+    push_hash ph;
+    push_hash_start(&ph, p->state, secs);
+    kd_err err;
+    int owned = 0;
+    /* a kept client (its channel still connected from the last handoff to this peer); a new
+     * one connects while the checksums are computed */
+    if ((cl = peer_client(p->target, &owned, &err))) kd_client_preconnect(cl);
+    cl_cached = cl && !owned;
+    push_hash_finish(&ph);
     ly.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
     ly.n_sections = g_layout.n;
     ly.sections = secp;
@@ -2122,11 +2449,8 @@ static void *prefill_push_main(void *arg) {
     hd.prompt_token_ids = p->prompt;
     hd.first_token = p->first_token;
     hd.layout = &ly;
-    kd_err err;
-    kd_tls_opts tls = {.ca_file = g_srv.o.peer_tls_ca, .cert_file = g_srv.o.peer_tls_ca ? g_srv.o.tls_cert : NULL,
-                       .key_file = g_srv.o.peer_tls_ca ? g_srv.o.tls_key : NULL};
     kd_call_status st;
-    if (!(cl = kd_client_connect(p->target, &tls, &err))) {
+    if (!cl) {
         code = KD_STATUS_UNAVAILABLE;
         snprintf(msg, sizeof msg, "decode worker %s: %.300s", p->target, err.msg);
     } else if (kd_client_client_stream(cl, "/kdecode.v1.Decoder/PushState", push_next, &ps, 120, &resp, &resp_len, &st,
@@ -2163,10 +2487,13 @@ done:;
         r.handoff_bytes = g_layout.total;
         r.prefill_seconds = p->t_prefilled - p->t0;
         r.handoff_seconds = t_end - t_push;
+        r.transfer_seconds = t_xfer;
+        r.transport = via_nccl ? KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL
+                               : KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_GRPC;
         kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_BYTES, g_layout.total);
         kd_metrics_observe(g_srv.metrics, KD_H_HANDOFF, t_end - t_push);
-        logf_("prefill-handed-off", "id=%s to=%s bytes=%" PRIu64 " in %.3f s", p->id, p->target, g_layout.total,
-              t_end - t_push);
+        logf_("prefill-handed-off", "id=%s to=%s bytes=%" PRIu64 " in %.6f s over %s (transfer %.6f s)", p->id,
+              p->target, g_layout.total, t_end - t_push, via_nccl ? "NCCL" : "gRPC", t_xfer);
         prefill_reply(p, &r, KD_STATUS_OK, "");
     } else {
         kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
@@ -2175,7 +2502,8 @@ done:;
     }
     if (pr) kdecode__v1__push_state_response__free_unpacked(pr, NULL);
     free(resp), free(ps.msg), free(secs), free(secp);
-    kd_client_close(cl);
+    if (cl_cached && code == KD_STATUS_UNAVAILABLE) peer_client_drop(p->target, cl);
+    else if (!cl_cached) kd_client_close(cl);
     pthread_mutex_lock(&g_srv.mu);
     g_srv.n_prefill--;
     pthread_cond_broadcast(&g_srv.cv);
@@ -2301,7 +2629,7 @@ static void prefill_recv_done(void *obj, int ok) {
         code = KD_STATUS_UNAVAILABLE;
         snprintf(msg, sizeof msg, "the worker is not serving");
     }
-    if (code == KD_STATUS_OK && !(p->state = state_buf_get())) {
+    if (code == KD_STATUS_OK && !prefill_state_get(p)) {
         code = KD_STATUS_RESOURCE_EXHAUSTED;
         snprintf(msg, sizeof msg, "no memory for the state of this request");
     }
@@ -2362,6 +2690,391 @@ static void prefill_start(grpc_call *call) {
     if (start_recv_message(call, &p->recv_bb, &p->t_recv)) prefill_unref(p);
 }
 
+/* ---------------------------------------------- the NCCL transport, sending side
+ * A prefill worker on a GPU exports each state into a device buffer. To hand it over it takes
+ * the link to the decode worker (NcclConnect makes one the first time), computes the sections'
+ * sum64 on its GPU, sends the header over gRPC, sends the sections with ncclSend and waits for
+ * the decode worker's answer and the send's completion. Without a link (the peer has no GPU,
+ * runs --handoff-transport grpc, or cannot join) the state goes over gRPC: a log line and
+ * kdecode_handoff_nccl_fallbacks_total. */
+
+static void *prefill_state_get(prefill_call *p) {
+    if (g_nccl && (p->state = kd_nccl_buf_get(g_nccl, g_layout.total))) {
+        p->state_dev = 1;
+        return p->state;
+    }
+    p->state_dev = 0;
+    return p->state = state_buf_get();
+}
+
+static void prefill_state_put(prefill_call *p) {
+    if (p->state_dev) kd_nccl_buf_put(g_nccl, p->state, g_layout.total);
+    else state_buf_put(p->state);
+    p->state = NULL;
+}
+
+/* The state to host memory, for the gRPC transport. */
+static int prefill_state_to_host(prefill_call *p, kd_err *err) {
+    if (!p->state_dev) return 0;
+    void *host = state_buf_get();
+    if (!host) return kd_fail(err, "out of memory");
+    if (kd_nccl_copy_to_host(g_nccl, host, p->state, g_layout.total, err)) {
+        state_buf_put(host);
+        return -1;
+    }
+    kd_nccl_buf_put(g_nccl, p->state, g_layout.total);
+    p->state = host, p->state_dev = 0;
+    return 0;
+}
+
+/* Clients of decode workers, kept (a channel reconnects by itself; calls on one client may
+ * run concurrently): a handoff does not pay for a new HTTP/2 connection. Over TLS when
+ * --peer-tls-ca is set. Closed at shutdown. */
+#define KD_PEER_CLIENTS 32
+static struct {
+    char target[256];
+    kd_client *cl;
+} g_peers[KD_PEER_CLIENTS];
+static int g_n_peers;
+
+static kd_client *peer_client(const char *target, int *owned, kd_err *err) {
+    kd_client *cl = NULL;
+    *owned = 0;
+    pthread_mutex_lock(&g_srv.mu);
+    for (int i = 0; i < g_n_peers && !cl; i++)
+        if (!strcmp(g_peers[i].target, target)) cl = g_peers[i].cl;
+    pthread_mutex_unlock(&g_srv.mu);
+    if (cl) return cl;
+    kd_tls_opts tls = {.ca_file = g_srv.o.peer_tls_ca, .cert_file = g_srv.o.peer_tls_ca ? g_srv.o.tls_cert : NULL,
+                       .key_file = g_srv.o.peer_tls_ca ? g_srv.o.tls_key : NULL};
+    if (strlen(target) >= sizeof g_peers[0].target || !(cl = kd_client_connect(target, &tls, err))) {
+        if (cl == NULL && strlen(target) >= sizeof g_peers[0].target) kd_fail(err, "decode target too long");
+        return NULL;
+    }
+    pthread_mutex_lock(&g_srv.mu);
+    kd_client *old = NULL;
+    for (int i = 0; i < g_n_peers; i++)
+        if (!strcmp(g_peers[i].target, target)) old = g_peers[i].cl; /* raced: keep the first */
+    if (!old && g_n_peers == KD_PEER_CLIENTS) { /* full: not kept, the caller closes it */
+        pthread_mutex_unlock(&g_srv.mu);
+        *owned = 1;
+        return cl;
+    }
+    if (!old) {
+        snprintf(g_peers[g_n_peers].target, sizeof g_peers[0].target, "%s", target);
+        g_peers[g_n_peers++].cl = cl;
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    if (old) {
+        kd_client_close(cl);
+        return old;
+    }
+    return cl;
+}
+
+/* A kept client whose peer was unreachable goes (a later handoff connects anew rather than
+ * waiting out the channel's reconnect backoff); calls still on it finish first. */
+static void peer_client_drop(const char *target, kd_client *cl) {
+    int found = 0;
+    pthread_mutex_lock(&g_srv.mu);
+    for (int i = 0; i < g_n_peers; i++)
+        if (g_peers[i].cl == cl && !strcmp(g_peers[i].target, target)) {
+            g_peers[i] = g_peers[--g_n_peers];
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&g_srv.mu);
+    if (found) kd_client_close(cl);
+}
+
+static void peer_clients_close(void) {
+    while (g_n_peers > 0) kd_client_close(g_peers[--g_n_peers].cl);
+}
+
+static int nccl_connect_rpc(void *ctx, kd_nccl_link *l, const char *target, const char *comm_id, const void *uid,
+                            size_t uid_len, kd_err *err) {
+    Kdecode__V1__NcclConnectRequest q = KDECODE__V1__NCCL_CONNECT_REQUEST__INIT;
+    q.comm_id = (char *)comm_id;
+    q.unique_id.data = (uint8_t *)uid, q.unique_id.len = uid_len;
+    q.model_fingerprint = g_layout.fingerprint;
+    uint8_t buf[512], *resp = NULL;
+    size_t resp_len = 0;
+    if (protobuf_c_message_get_packed_size(&q.base) > sizeof buf) return kd_fail(err, "NcclConnect: request too large");
+    const size_t n = protobuf_c_message_pack(&q.base, buf);
+    kd_call_status st;
+    if (kd_client_unary(ctx, "/kdecode.v1.Decoder/NcclConnect", buf, n, g_srv.o.nccl_connect_seconds, &resp, &resp_len,
+                        &st, err))
+        return -1;
+    if (st.code != KD_STATUS_OK) {
+        free(resp);
+        return kd_fail(err, "decode worker %s refused NcclConnect: %.300s", target, st.details);
+    }
+    Kdecode__V1__NcclConnectResponse *r = kdecode__v1__nccl_connect_response__unpack(NULL, resp_len, resp);
+    free(resp);
+    uint64_t sum = 0;
+    int ok = r && r->n_recv_parts >= 1 && r->n_recv_parts <= 4 * g_layout.n;
+    for (size_t i = 0; ok && i < r->n_recv_parts; i++) ok = r->recv_parts[i] > 0 && (sum += r->recv_parts[i]) <= g_layout.total;
+    ok = ok && sum == g_layout.total && !kd_nccl_link_set_parts(l, r->recv_parts, (int)r->n_recv_parts);
+    if (r) kdecode__v1__nccl_connect_response__free_unpacked(r, NULL);
+    if (!ok) return kd_fail(err, "decode worker %s: NcclConnect answered no usable receive split", target);
+    return 0;
+}
+
+/* Device regions of [base, base + total) cut at the given byte counts. */
+static int cut_regions(const char *base, const uint64_t *parts, int n, kd_dev_region *out) {
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) out[i] = (kd_dev_region){base + at, parts[i]}, at += parts[i];
+    return n;
+}
+
+/* The layout's sections as device regions, from the regions a slot's state occupies (each
+ * section lies within one of them). -1 when they do not cover the layout. */
+static int section_regions(const kd_dev_region *r, int n, kd_dev_region *out) {
+    uint64_t start = 0;
+    int j = 0;
+    for (size_t i = 0; i < g_layout.n; i++) {
+        const uint64_t off = g_layout.sects[i].offset, size = g_layout.sects[i].size;
+        while (j < n && off >= start + r[j].n_bytes) start += r[j++].n_bytes;
+        if (j == n || off + size > start + r[j].n_bytes) return -1;
+        out[i] = (kd_dev_region){(const char *)r[j].dev + (off - start), size};
+    }
+    return (int)g_layout.n;
+}
+
+typedef struct nccl_src {
+    Kdecode__V1__PushStateRequest m;
+    uint8_t *buf;
+    kd_nccl_link *l;
+    const kd_dev_region *regs;
+    int n, stage, sent;
+    double t_send;
+    kd_err err;
+} nccl_src;
+
+/* The stream's messages: the header, then (no more messages) the sends. */
+static int nccl_next(void *ctx, kd_msg *out) {
+    nccl_src *ns = ctx;
+    if (ns->stage++ == 0) {
+        if (!(ns->buf = malloc(protobuf_c_message_get_packed_size(&ns->m.base) + 1))) return -1;
+        *out = (kd_msg){.head = ns->buf, .head_len = protobuf_c_message_pack(&ns->m.base, ns->buf)};
+        return 1;
+    }
+    if (ns->sent) return 0;
+    ns->sent = 1;
+    ns->t_send = now_s();
+    if (g_srv.o.debug_handoff_delay_ms > 0) { /* fault-injection tests: half of it, a pause, the rest */
+        const int half = ns->n / 2;
+        if (kd_nccl_send(g_nccl, ns->l, ns->regs, half, &ns->err) || kd_nccl_wait(g_nccl, ns->l, &ns->err)) return -1;
+        usleep((useconds_t)g_srv.o.debug_handoff_delay_ms * 1000);
+        return kd_nccl_send(g_nccl, ns->l, ns->regs + half, ns->n - half, &ns->err) ? -1 : 0;
+    }
+    return kd_nccl_send(g_nccl, ns->l, ns->regs, ns->n, &ns->err) ? -1 : 0;
+}
+
+/* Pushes p->state (device memory) over NCCL. 0: the push was made, its outcome in *code and
+ * msg (and *resp on success); -1: no link (the caller falls back to gRPC, reason in err). */
+static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, size_t *resp_len, int *code, char *msg,
+                             size_t len, double *t_xfer, kd_err *err) {
+    const size_t ns_ = g_layout.n;
+    kd_dev_region *regs = calloc(ns_, sizeof *regs);
+    uint64_t *sums = calloc(ns_, sizeof *sums);
+    Kdecode__V1__StateSection *secs = calloc(ns_, sizeof *secs), **secp = calloc(ns_, sizeof *secp);
+    int rc = -1;
+    if (!regs || !sums || !secs || !secp) {
+        kd_fail(err, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ns_; i++)
+        regs[i] = (kd_dev_region){(const char *)p->state + g_layout.sects[i].offset, g_layout.sects[i].size};
+    for (int attempt = 0; attempt < 2; attempt++) {
+        kd_nccl_link *l = kd_nccl_acquire_to(g_nccl, p->target, nccl_connect_rpc, cl, err);
+        kd_metrics_set(g_srv.metrics, KD_G_NCCL_LINKS, kd_nccl_count(g_nccl));
+        if (!l) goto out;
+        if (kd_nccl_sum64(g_nccl, regs, (int)ns_, sums, kd_nccl_link_stream(l), err)) {
+            kd_nccl_release(g_nccl, l, 0);
+            goto out;
+        }
+        Kdecode__V1__HandoffHeader hd = KDECODE__V1__HANDOFF_HEADER__INIT;
+        Kdecode__V1__StateLayout ly = KDECODE__V1__STATE_LAYOUT__INIT;
+        for (size_t i = 0; i < ns_; i++) {
+            kdecode__v1__state_section__init(&secs[i]);
+            secs[i].name = g_layout.names[i];
+            secs[i].dtype = (char *)kd_dtype_name(g_srv.be->state_dtype);
+            secs[i].n_shape = (size_t)g_layout.nd[i];
+            secs[i].shape = g_layout.shapes[i];
+            secs[i].offset = g_layout.sects[i].offset;
+            secs[i].size = g_layout.sects[i].size;
+            secs[i].sum64 = sums[i];
+            secp[i] = &secs[i];
+        }
+        ly.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
+        ly.n_sections = ns_, ly.sections = secp, ly.total_bytes = g_layout.total;
+        hd.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
+        hd.request_id = p->id;
+        hd.model_fingerprint = g_layout.fingerprint;
+        hd.n_prompt_token_ids = (size_t)p->params.n_prompt;
+        hd.prompt_token_ids = p->prompt;
+        hd.first_token = p->first_token;
+        hd.layout = &ly;
+        hd.transport = KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL;
+        hd.nccl_comm_id = (char *)kd_nccl_link_id(l);
+        const uint64_t *parts;
+        const int np = kd_nccl_link_parts(l, &parts);
+        kd_dev_region *send = calloc((size_t)np, sizeof *send);
+        if (!send) {
+            kd_nccl_release(g_nccl, l, 0);
+            kd_fail(err, "out of memory");
+            goto out;
+        }
+        cut_regions(p->state, parts, np, send);
+        nccl_src src = {.m = KDECODE__V1__PUSH_STATE_REQUEST__INIT, .l = l, .regs = send, .n = np};
+        src.m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER;
+        src.m.header = &hd;
+        kd_call_status st;
+        kd_err serr = {0}, werr = {0};
+        const int crc = kd_client_client_stream(cl, "/kdecode.v1.Decoder/PushState", nccl_next, &src, 120, resp, resp_len,
+                                                &st, &serr);
+        const int waited = src.sent && !src.err.msg[0] ? kd_nccl_wait(g_nccl, l, &werr) : -1;
+        *t_xfer = now_s() - src.t_send;
+        free(src.buf), free(send);
+        const int ok = crc == 0 && st.code == KD_STATUS_OK && waited == 0;
+        kd_nccl_release(g_nccl, l, !ok); /* a link left with a send or receive pending is of no use */
+        rc = 0;
+        if (ok) {
+            *code = KD_STATUS_OK;
+            break;
+        }
+        free(*resp), *resp = NULL, *resp_len = 0;
+        if (crc == 0 && st.code == KD_STATUS_FAILED_PRECONDITION && strstr(st.details, "NCCL communicator") &&
+            attempt == 0)
+            continue; /* the peer dropped the link (idle, restarted): connect anew */
+        if (crc) {
+            *code = KD_STATUS_UNAVAILABLE;
+            snprintf(msg, len, "decode worker %.200s: %.300s", p->target, src.err.msg[0] ? src.err.msg : serr.msg);
+        } else if (st.code != KD_STATUS_OK) {
+            *code = st.code;
+            snprintf(msg, len, "decode worker %.200s: %.300s", p->target, st.details);
+        } else {
+            *code = KD_STATUS_UNAVAILABLE;
+            snprintf(msg, len, "decode worker %.200s: the NCCL send did not complete: %.250s", p->target,
+                     src.err.msg[0] ? src.err.msg : werr.msg);
+        }
+        break;
+    }
+out:
+    free(regs), free(sums), free(secs), free(secp);
+    return rc;
+}
+
+/* ------------------------------------------- the NCCL transport, receiving side
+ * The header names a link (NcclConnect made it); the state lands in the slot's device memory
+ * by ncclRecv; the link pool's thread reports the completion, the sections' sum64 are checked
+ * on the device, and the push is answered. Until then the slot is never released: a broken
+ * stream or an error first cancels the receive (which aborts the link, so nothing writes into
+ * the slot any more), and the completion drops the handoff. */
+
+/* The state is in the slot and verified: the handoff becomes claimable. how: the log line's
+ * end (the transport's details). */
+static void push_ready(push_call *p, const char *how) {
+    Kdecode__V1__PushStateResponse r = KDECODE__V1__PUSH_STATE_RESPONSE__INIT;
+    pthread_mutex_lock(&g_srv.mu);
+    handoff *h = p->h;
+    h->ready = 1;
+    h->push = NULL;
+    h->expires = now_s() + g_srv.o.handoff_lease_seconds;
+    r.handoff_id = h->id;
+    r.bytes_received = p->received;
+    r.lease_seconds = g_srv.o.handoff_lease_seconds;
+    grpc_byte_buffer *reply = pack_bb(&r.base);
+    p->h = NULL;
+    pthread_mutex_unlock(&g_srv.mu);
+    kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_BYTES, p->received);
+    kd_metrics_observe(g_srv.metrics, KD_H_HANDOFF, now_s() - p->t0);
+    logf_("handoff-ready", "id=%s slot=%d bytes=%" PRIu64 " in %.6f s%s", r.handoff_id, h->slot, p->received,
+          now_s() - p->t0, how);
+    push_finish(p, KD_STATUS_OK, "", -1, reply);
+}
+
+/* The receive ended (on the link pool's thread, the link still held). */
+static int push_nccl_done(void *ctx, kd_nccl_link *l, int ok, const char *why) {
+    push_call *p = ctx;
+    char msg[512] = "";
+    int code = KD_STATUS_OK, broken = 0;
+    pthread_mutex_lock(&p->mu);
+    p->job = NULL;
+    pthread_mutex_unlock(&p->mu);
+    p->t_landed = now_s();
+    if (!ok) {
+        code = KD_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "the state transfer over NCCL failed: %.400s", why);
+    } else {
+        uint64_t *sums = malloc(g_layout.n * sizeof *sums);
+        kd_err err;
+        if (!sums || kd_nccl_sum64(g_nccl, p->regs, (int)g_layout.n, sums, kd_nccl_link_stream(l), &err)) {
+            code = KD_STATUS_INTERNAL, broken = 1;
+            snprintf(msg, sizeof msg, "checking the state: %.400s", sums ? err.msg : "out of memory");
+        }
+        for (size_t i = 0; code == KD_STATUS_OK && i < g_layout.n; i++)
+            if (sums[i] != p->sects[i].xxh3) {
+                code = KD_STATUS_DATA_LOSS;
+                snprintf(msg, sizeof msg, "checksum mismatch in state section %s", g_layout.names[i]);
+            }
+        free(sums);
+        if (code == KD_STATUS_OK) p->received = g_layout.total;
+    }
+    if (p->finished) { /* already answered (a broken stream or a protocol error) */
+        pthread_mutex_lock(&g_srv.mu);
+        if (p->h) {
+            p->h->push = NULL;
+            handoff_drop_locked(p->h, msg[0] ? msg : "the push ended before its state landed");
+            p->h = NULL;
+        }
+        pthread_mutex_unlock(&g_srv.mu);
+    } else if (code == KD_STATUS_OK) {
+        char how[160];
+        const double t = now_s();
+        snprintf(how, sizeof how, " over NCCL (receive posted at %.6f s, landed %.6f s later, checked %.6f s later)",
+                 p->t_posted - p->t0, p->t_landed - p->t_posted, t - p->t_landed);
+        push_ready(p, how);
+    } else {
+        push_finish(p, code, msg, -1, NULL);
+    }
+    push_unref(p);
+    return broken;
+}
+
+/* A header with transport NCCL, after handoff_begin reserved the slot: posts the receive. */
+static int push_nccl_begin(push_call *p, const Kdecode__V1__HandoffHeader *hd, char *msg, size_t len) {
+    if (!g_nccl) return snprintf(msg, len, "this worker takes no NCCL handoffs (%s)", g_nccl_off), KD_STATUS_FAILED_PRECONDITION;
+    p->nccl = 1;
+    for (size_t i = 0; i < g_layout.n; i++) p->sects[i].xxh3 = hd->layout->sections[i]->sum64;
+    if (!(p->regs = calloc(g_layout.n, sizeof *p->regs))) return snprintf(msg, len, "out of memory"), KD_STATUS_INTERNAL;
+    kd_err err;
+    kd_dev_region recv[64];
+    const int n = kd_backend_state_regions(g_srv.be, p->h->slot, recv, 64, &err);
+    if (n < 1 || section_regions(recv, n, p->regs) < 0)
+        return snprintf(msg, len, "the slot's device memory does not match the state layout: %.300s",
+                        n < 0 ? err.msg : "other regions"), KD_STATUS_INTERNAL;
+    int code = KD_STATUS_OK;
+    p->t_posted = now_s();
+    pthread_mutex_lock(&p->mu);
+    p->refs++; /* the receive's, until push_nccl_done */
+    p->job = kd_nccl_recv_async(g_nccl, hd->nccl_comm_id, recv, n, push_nccl_done, p, &code, msg, len);
+    const int posted = p->job != NULL;
+    if (!posted) p->refs--;
+    pthread_mutex_unlock(&p->mu);
+    return posted ? KD_STATUS_OK : code;
+}
+
+/* Cancels a running NCCL receive; whether there was one (its completion drops the handoff). */
+static int push_nccl_cancel(push_call *p) {
+    pthread_mutex_lock(&p->mu);
+    kd_nccl_job *j = p->job;
+    if (j) kd_nccl_cancel(g_nccl, j);
+    pthread_mutex_unlock(&p->mu);
+    return j != NULL;
+}
+
 /* ------------------------------------------------------------- accepting new calls */
 
 typedef struct acceptor {
@@ -2392,6 +3105,7 @@ static void accepted(void *obj, int ok) {
     if (decode && method_is(d, "/kdecode.v1.Decoder/Generate")) gen_start(call);
     else if (decode && method_is(d, "/kdecode.v1.Decoder/PushState")) push_start(call);
     else if (prefill && method_is(d, "/kdecode.v1.Prefiller/Prefill")) prefill_start(call);
+    else if (decode && method_is(d, "/kdecode.v1.Decoder/NcclConnect")) unary_start(call, U_NCCL);
     else if (method_is(d, "/kdecode.v1.Decoder/Abort")) unary_start(call, U_ABORT);
     else if (method_is(d, "/kdecode.v1.Decoder/GetLoads")) unary_start(call, U_LOADS);
     else if (method_is(d, "/kdecode.v1.Decoder/GetServerInfo")) unary_start(call, U_INFO);
@@ -2513,6 +3227,22 @@ static int load_model(serve_opts *o) {
         return logf_("load-failed", "%s", err.msg), -1;
     o->eng.max_queue -= o->eng.max_seqs;
     if (layout_init()) return logf_("load-failed", "out of memory"), -1;
+    const int on_gpu = !strcmp(g_srv.be->ops->name, "cuda");
+    if (!strcmp(o->handoff_transport, "nccl") && !on_gpu)
+        return logf_("load-failed", "--handoff-transport nccl: the backend is %s (no usable GPU)", g_srv.be->ops->name), -1;
+    if (strcmp(o->handoff_transport, "grpc") && !on_gpu) g_nccl_off = "the backend keeps states in host memory";
+    if (strcmp(o->handoff_transport, "grpc") && on_gpu) {
+        kd_nccl_opts no = {.device = 0, .max_links = o->nccl_max_links, .idle_seconds = o->nccl_idle_seconds,
+                           .connect_seconds = o->nccl_connect_seconds,
+                           .transfer_seconds = o->handoff_lease_seconds > 10 ? o->handoff_lease_seconds : 10};
+        if (!(g_nccl = kd_nccl_create(&no, &err))) {
+            if (!strcmp(o->handoff_transport, "nccl")) return logf_("load-failed", "NCCL transport: %s", err.msg), -1;
+            g_nccl_off = "NCCL is not usable here";
+            logf_("nccl-off", "states travel over gRPC: %s", err.msg);
+        } else {
+            logf_("nccl", "handoff transport %s: NCCL %d on device 0", o->handoff_transport, kd_nccl_version());
+        }
+    }
     g_srv.lim = (kd_api_limits){.vocab = c->vocab,
                                 .eos_id = g_srv.model->eos_token_id < c->vocab ? g_srv.model->eos_token_id : -1,
                                 .max_model_len = o->eng.max_model_len, .max_spec = o->eng.max_spec,
@@ -2567,6 +3297,8 @@ int kd_serve_main(int argc, char **argv) {
         /* the state handoff is a bulk stream: large HTTP/2 frames, a deep receive window */
         {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = (1 << 24) - 1}},
         {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, {.integer = 16 << 20}},
+        /* that window as set, not re-estimated by BDP pings while a state streams in */
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_BDP_PROBE, {.integer = 0}},
     };
     grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
     g_srv.cq = grpc_completion_queue_create_for_next(NULL);
@@ -2606,9 +3338,13 @@ int kd_serve_main(int argc, char **argv) {
         g_srv.engine_started = 1;
         set_state(ST_SERVING);
         logf_("ready", "serving kdecode.v1.Decoder");
-        while (!g_signals) {
+        for (int tick = 0; !g_signals; tick++) {
             usleep(50000);
             handoff_expire();
+            if (g_nccl && tick % 40 == 0) {
+                kd_nccl_reap(g_nccl);
+                kd_metrics_set(g_srv.metrics, KD_G_NCCL_LINKS, kd_nccl_count(g_nccl));
+            }
         }
         rc = 0;
     }
@@ -2642,6 +3378,10 @@ int kd_serve_main(int argc, char **argv) {
         pthread_mutex_lock(&g_srv.mu);
     }
     if (g_srv.n_calls > 0) logf_("shutdown", "%d calls still open", g_srv.n_calls);
+    pthread_mutex_unlock(&g_srv.mu);
+    kd_nccl_destroy(g_nccl); /* cancels transfers still waiting: their handoffs are dropped */
+    g_nccl = NULL;
+    pthread_mutex_lock(&g_srv.mu);
     while (g_srv.handoffs) handoff_drop_locked(g_srv.handoffs, "shutting down");
     g_srv.engine_stop = 1;
     pthread_cond_broadcast(&g_srv.cv);
@@ -2655,7 +3395,7 @@ int kd_serve_main(int argc, char **argv) {
     while (g_srv.cmd_head) { /* never run (the engine stopped after the calls ended) */
         cmd *c = g_srv.cmd_head;
         g_srv.cmd_head = c->next;
-        if (c->has_slice) grpc_slice_unref(c->slice);
+        if (c->bb) grpc_byte_buffer_destroy(c->bb);
         free(c->data);
         if (!c->sync) free(c);
     }
@@ -2664,6 +3404,7 @@ int kd_serve_main(int argc, char **argv) {
     kd_model_close(g_srv.model);
     free(g_srv.idmap);
     state_pool_free();
+    peer_clients_close();
     layout_free();
     grpc_shutdown_blocking();
     kd_metrics_http_stop(g_srv.metrics_http);

@@ -1,6 +1,8 @@
 /* spec.c: see spec.h. */
 #include "worker/spec.h"
 
+#include <stdlib.h>
+
 /* One backward scan over the candidate match ends e (the occurrence is hist[e-len, e), e <=
  * n_hist - 1 so it is never the suffix itself); len(e) is the common suffix length of
  * hist[0..e) and hist[0..n_hist), capped at n_max. The answer is the longest len (>= n_min),
@@ -31,46 +33,26 @@ int32_t kd_ngram_propose(const int32_t *hist, int64_t n_hist, int32_t n_min, int
     return n;
 }
 
+/* The window's logic is the kernels' reference (kd_accept_window, which backends reproduce
+ * on the device); here the uniforms come from the request's generator: n_draft + 1 of them
+ * are drawn from a copy, and the generator advances by as many as the window used, so the
+ * stream of draws is exactly what drawing one at a time would give. */
 int32_t kd_spec_accept(const float *logits, int32_t vocab, const int32_t *drafts, int32_t n_draft,
                        const kd_sampling *s, kd_rng *rng, double *probs, int32_t *order,
                        int32_t *out) {
-    if (vocab <= 0) { /* nothing to score: no token exists; emit 0 and accept nothing */
-        out[0] = 0;
-        return 0;
-    }
     if (n_draft < 0 || !drafts) n_draft = 0;
-    if (s->temperature == 0) { /* greedy: invalid draft ids never equal an argmax */
-        for (int32_t i = 0;; i++) {
-            int32_t t = kd_argmax(logits + (int64_t)i * vocab, vocab);
-            if (i == n_draft || drafts[i] != t) {
-                out[i] = t;
-                return i;
-            }
-            out[i] = t;
-        }
+    const kd_sample_params p = {.temperature = s->temperature, .top_p = s->top_p, .top_k = s->top_k};
+    double local[64] = {0}, *u = local;
+    int32_t nu = s->temperature == 0 ? 0 : n_draft + 1;
+    if (nu > 64 && !(u = malloc((size_t)nu * sizeof *u))) { /* longer than any engine window */
+        u = local;             /* out of memory: judge the first 63 drafts only */
+        n_draft = 63, nu = 64;
     }
-    for (int32_t i = 0; i < n_draft; i++) {
-        kd_sample_probs(logits + (int64_t)i * vocab, vocab, s, probs, order);
-        int32_t d = drafts[i];
-        if (d >= 0 && d < vocab) { /* an id outside the vocabulary is rejected without a draw */
-            if (kd_rng_uniform(rng) < probs[d]) {
-                out[i] = d;
-                continue;
-            }
-            /* rejected: the residual p with d removed, renormalised */
-            probs[d] = 0;
-            double z = 0;
-            for (int32_t j = 0; j < vocab; j++) z += probs[j];
-            if (!(z > 0)) { /* p was a delta on d (cannot reject exactly); accept it */
-                out[i] = d;
-                continue;
-            }
-            for (int32_t j = 0; j < vocab; j++) probs[j] /= z;
-        }
-        out[i] = kd_sample_from(probs, vocab, kd_rng_uniform(rng));
-        return i;
-    }
-    kd_sample_probs(logits + (int64_t)n_draft * vocab, vocab, s, probs, order);
-    out[n_draft] = kd_sample_from(probs, vocab, kd_rng_uniform(rng));
-    return n_draft;
+    kd_rng peek = *rng;
+    for (int32_t i = 0; i < nu; i++) u[i] = kd_rng_uniform(&peek);
+    int32_t used = 0;
+    const int32_t a = kd_accept_window(logits, vocab, drafts, n_draft, &p, u, &used, probs, order, out);
+    for (int32_t i = 0; i < used; i++) kd_rng_uniform(rng);
+    if (u != local) free(u);
+    return a;
 }

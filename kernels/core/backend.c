@@ -142,14 +142,13 @@ int kd_backend_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
     return 0;
 }
 
-int kd_backend_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err) {
+/* The checks shared by forward and forward_sample (slots, folds against the records). */
+static int check_forward(kd_backend *b, const kd_batch *batch, kd_err *err) {
     if (b->n_slots == 0) return kd_fail(err, "backend %s: no slots reserved", b->ops->name);
     if (kd_batch_check(batch, b->n_slots, b->max_tokens, b->max_window, b->config.vocab, err))
         return -1;
     if (batch->n_rows > b->max_rows)
         return kd_fail(err, "batch: %d rows, reserved %d", batch->n_rows, b->max_rows);
-    if (kd_batch_logit_rows(batch) > 0 && !logits)
-        return kd_fail(err, "batch: logits requested without an output buffer");
     for (int32_t r = 0; r < batch->n_rows; r++) {
         const kd_batch_row *row = &batch->rows[r];
         if (row->slot == b->n_slots) continue; /* scratch: whatever it holds is garbage */
@@ -161,12 +160,75 @@ int kd_backend_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_e
                            row->fold, row->slot, b->records[row->slot]);
         }
     }
-    if (b->ops->forward(b, batch, logits, err)) return -1;
+    return 0;
+}
+
+static void note_records(kd_backend *b, const kd_batch *batch) {
     for (int32_t r = 0; r < batch->n_rows; r++) {
         const kd_batch_row *row = &batch->rows[r];
         b->records[row->slot] = row->kind == KD_ROW_VERIFY ? row->n_tokens : 0;
     }
+}
+
+int kd_backend_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err) {
+    if (check_forward(b, batch, err)) return -1;
+    if (kd_batch_logit_rows(batch) > 0 && !logits)
+        return kd_fail(err, "batch: logits requested without an output buffer");
+    if (b->ops->forward(b, batch, logits, err)) return -1;
+    note_records(b, batch);
     return 0;
+}
+
+int kd_backend_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_params *params,
+                              const double *uniforms, int32_t *tokens, int32_t *accepted, int32_t *used,
+                              kd_err *err) {
+    if (check_forward(b, batch, err)) return -1;
+    if (!b->ops->forward_sample)
+        return kd_fail(err, "backend %s: no forward_sample", b->ops->name);
+    if (batch->n_rows > 0 && (!params || !uniforms || !tokens || !accepted || !used))
+        return kd_fail(err, "forward_sample: missing parameters or outputs");
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row *row = &batch->rows[r];
+        if (row->logits == KD_LOGITS_NONE) continue;
+        const kd_sample_params *p = &params[r];
+        if (row->logits == KD_LOGITS_ALL && row->n_tokens > b->max_window)
+            return kd_fail(err, "forward_sample: row %d samples a window of %d tokens, at most %d", r,
+                           row->n_tokens, b->max_window);
+        if (!(p->temperature >= 0 && p->temperature <= 1e4) || p->top_k < 0 ||
+            !(p->top_p > 0 && p->top_p <= 1))
+            return kd_fail(err, "forward_sample: row %d has bad sampling parameters", r);
+        const int32_t nu = row->logits == KD_LOGITS_ALL ? row->n_tokens : 1;
+        if (p->temperature > 0)
+            for (int32_t i = 0; i < nu; i++) {
+                const double u = uniforms[(size_t)r * b->max_window + i];
+                if (!(u >= 0 && u < 1))
+                    return kd_fail(err, "forward_sample: row %d uniform %d outside [0, 1)", r, i);
+            }
+    }
+    if (b->ops->forward_sample(b, batch, params, uniforms, tokens, accepted, used, err)) return -1;
+    note_records(b, batch);
+    return 0;
+}
+
+void kd_sample_batch_ref(const kd_batch *batch, const float *logits, int32_t vocab, int32_t max_window,
+                         const kd_sample_params *params, const double *uniforms, double *probs,
+                         int32_t *order, int32_t *tokens, int32_t *accepted, int32_t *used) {
+    int64_t m = 0, t0 = 0;
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row *row = &batch->rows[r];
+        accepted[r] = used[r] = 0;
+        if (row->logits == KD_LOGITS_ALL) {
+            accepted[r] = kd_accept_window(logits + m * vocab, vocab, batch->tokens + t0 + 1, row->n_tokens - 1,
+                                           &params[r], uniforms + (size_t)r * max_window, &used[r], probs,
+                                           order, tokens + (size_t)r * max_window);
+            m += row->n_tokens;
+        } else if (row->logits == KD_LOGITS_LAST) {
+            kd_accept_window(logits + m * vocab, vocab, NULL, 0, &params[r], uniforms + (size_t)r * max_window,
+                             &used[r], probs, order, tokens + (size_t)r * max_window);
+            m += 1;
+        }
+        t0 += row->n_tokens;
+    }
 }
 
 int kd_backend_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
@@ -247,9 +309,30 @@ int kd_backend_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len
     return b->ops->state_hash(b, slot, offset, len, out, err);
 }
 
+int kd_backend_has_hash_update(const kd_backend *b) {
+    return b->ops->state_hash_update != NULL;
+}
+
+int kd_backend_state_hash_update(kd_backend *b, int32_t slot, size_t offset, size_t len, struct XXH3_state_s *h,
+                                 kd_err *err) {
+    if (!b->ops->state_hash_update)
+        return kd_fail(err, "backend %s: no incremental state hash", b->ops->name);
+    if (check_slot(b, slot, err) || check_committed(b, slot, "state hash", err) ||
+        check_range(b, offset, len, "state hash", err))
+        return -1;
+    return b->ops->state_hash_update(b, slot, offset, len, h, err);
+}
+
 void kd_backend_free(kd_backend *b) {
     if (!b) return;
     free(b->records);
     b->records = NULL;
     b->ops->destroy(b);
+}
+
+int kd_backend_state_regions(kd_backend *b, int32_t slot, kd_dev_region *out, int max, kd_err *err) {
+    if (!b->ops->state_regions)
+        return kd_fail(err, "the %s backend keeps request state in host memory (no device regions)", b->ops->name);
+    if (slot < 0 || slot > b->n_slots) return kd_fail(err, "slot %d outside 0..%d", slot, b->n_slots);
+    return b->ops->state_regions(b, slot, out, max, err);
 }

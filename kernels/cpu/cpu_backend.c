@@ -11,6 +11,9 @@
 #undef I /* cblas.h pulls in complex.h */
 #include <stdlib.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h> /* XXH3 on the CPU's widest vector unit (the same digests) */
+#endif
 
 #include "kd/backend.h"
 #include "kernels/cpu/ops.h"
@@ -38,6 +41,11 @@ typedef struct cpu_backend {
     /* work space, sized for max_tokens */
     real *x, *h, *proj, *q, *k, *v, *graw, *g, *beta, *gate, *o, *gu, *sel, *lg;
     real *tmp_state, *tmp_win, *fold_work;
+    /* forward_sample: logits of up to sample_rows positions, the sampler's work space */
+    float *slg;
+    double *sprobs;
+    int32_t *sorder;
+    int64_t sample_rows;
 } cpu_backend;
 
 #define SELF(b) ((cpu_backend *)(b))
@@ -59,6 +67,8 @@ static void cpu_free_all(cpu_backend *cb) {
                    &cb->beta, &cb->gate, &cb->o, &cb->gu, &cb->sel, &cb->lg, &cb->tmp_state,
                    &cb->tmp_win, &cb->fold_work};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) free(*ws[i]), *ws[i] = NULL;
+    free(cb->slg), free(cb->sprobs), free(cb->sorder);
+    cb->slg = NULL, cb->sprobs = NULL, cb->sorder = NULL;
 }
 
 static void cpu_destroy(kd_backend *b) {
@@ -189,6 +199,17 @@ static int cpu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t
     cb->tmp_state = alloc_real(b->layout.ssm_elems);
     cb->tmp_win = alloc_real(b->layout.conv_elems);
     cb->fold_work = alloc_real(2 * K);
+    /* logit rows of a batch sampled by forward_sample: a window (<= max_window) or one
+     * position per row, and never more than the tokens */
+    cb->sample_rows = (int64_t)max_rows * max_window < T ? (int64_t)max_rows * max_window : T;
+    cb->slg = malloc((size_t)(cb->sample_rows * c->vocab) * sizeof *cb->slg);
+    cb->sprobs = malloc((size_t)c->vocab * sizeof *cb->sprobs);
+    cb->sorder = malloc((size_t)c->vocab * sizeof *cb->sorder);
+    if (!cb->slg || !cb->sprobs || !cb->sorder) {
+        free(cb->state), cb->state = NULL;
+        return kd_fail(err, "cpu backend: out of memory for sampling %lld positions",
+                       (long long)cb->sample_rows);
+    }
     if (!cb->state || !cb->x || !cb->h || !cb->proj || !cb->q || !cb->k || !cb->v ||
         !cb->graw || !cb->g || !cb->beta || !cb->gate || !cb->o || !cb->gu || !cb->sel ||
         (KD_REAL_DTYPE != KD_F32 && !cb->lg) || !cb->tmp_state || !cb->tmp_win || !cb->fold_work) {
@@ -399,6 +420,22 @@ static int cpu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_e
     return 0;
 }
 
+/* The reference of the device-side sampling: forward into the backend's own logits, then
+ * kd/sampling.h row by row. */
+static int cpu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_params *params,
+                              const double *uniforms, int32_t *tokens, int32_t *accepted, int32_t *used,
+                              kd_err *err) {
+    cpu_backend *cb = SELF(b);
+    const int64_t M = kd_batch_logit_rows(batch);
+    if (M > cb->sample_rows)
+        return kd_fail(err, "cpu backend: %lld logit rows to sample, reserved %lld", (long long)M,
+                       (long long)cb->sample_rows);
+    if (cpu_forward(b, batch, cb->slg, err)) return -1;
+    kd_sample_batch_ref(batch, cb->slg, b->config.vocab, b->max_window, params, uniforms, cb->sprobs,
+                        cb->sorder, tokens, accepted, used);
+    return 0;
+}
+
 static int cpu_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err) {
     (void)err;
     memcpy(dst, slot_state(SELF(b), slot), bytes);
@@ -432,6 +469,13 @@ static int cpu_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len
     return 0;
 }
 
+static int cpu_state_hash_update(kd_backend *b, int32_t slot, size_t offset, size_t len, XXH3_state_t *h,
+                                 kd_err *err) {
+    if (XXH3_64bits_update(h, (const char *)slot_state(SELF(b), slot) + offset, len) != XXH_OK)
+        return kd_fail(err, "state hash: XXH3 update failed");
+    return 0;
+}
+
 static int cpu_synchronize(kd_backend *b, kd_err *err) {
     (void)b, (void)err;
     return 0;
@@ -454,7 +498,9 @@ static const kd_backend_ops cpu_ops = {
     .commit = cpu_commit,
     .state_write_part = cpu_state_write_part,
     .state_hash = cpu_state_hash,
+    .state_hash_update = cpu_state_hash_update,
     .synchronize = cpu_synchronize,
+    .forward_sample = cpu_forward_sample,
 };
 
 kd_backend *KD_SFX(kd_cpu_create)(kd_err *err) {

@@ -21,7 +21,18 @@
 // verify rows, prefill rows, logit rows) from a pinned staging buffer, then per layer the
 // kernels of ops.cuh, kd_kda_prepare, kd_kda_verify (verify rows) and kd_cu_prefill (prefill
 // rows), cuBLAS GEMMs, and at the end the head GEMM in chunks of rows, copied to the host's
-// logits. Everything is allocated in create / load / reserve.
+// logits (forward) or sampled where they are (forward_sample: cuda/sample.cuh; only the
+// tokens, accepted counts and uniforms used come back, [rows][max_window + 2] int32).
+// Everything is allocated in create / load / reserve.
+//
+// CUDA graphs (forward_sample on verify-only batches): the enqueue of one forward (launch)
+// is captured per padded shape (rows to the next power of two with one-token scratch
+// windows, tokens to rows * the batch's longest window, every verify row in the fold list),
+// the first batch of a shape runs eagerly with the same layout, the second captures it,
+// later ones replay. Per-step inputs (tokens, slots, folds, drafts, uniforms, sampling
+// parameters) live in the pinned metadata block whose upload is the graph's first node, so
+// a replay reads this step's values; the host waits once per step, for the tokens.
+// KDECODE_CUDA_GRAPHS=0 at creation (or kd_cuda_set_graphs) runs every batch eagerly.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -33,6 +44,7 @@
 #include "kd/backend.h"
 #include "kernels/cuda/kda.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/sample.cuh"
 
 namespace {
 
@@ -53,7 +65,23 @@ struct cu_layer {
 
 // Offsets (bytes) of the sections of the per-call metadata block.
 struct meta_layout {
-    size_t tokens, toks, vfolds, pfolds, vrows, prows, lrows, crows, cfolds, total;
+    size_t tokens, toks, vfolds, pfolds, vrows, prows, lrows, spos, srows, crows, cfolds, total;
+};
+
+// The launch shape of one forward (what kernels take as host arguments): a CUDA graph is
+// captured per shape, the per-step values travel in the metadata block.
+struct fwd_shape {
+    int64_t N, M;      // tokens, logit rows
+    int nv, np, nvf, npf, max_len, n_rows;
+    int sample;        // 1: sample on the device (kd_cu_sample_*), 0: logits to the host
+    float *logits;     // host logits when !sample
+};
+
+constexpr int kMaxGraphs = 64;
+struct graph_entry {
+    int rows, window;  // padded rows and tokens per row (0: unused)
+    int seen;          // eager runs of this shape so far (captured on the second)
+    cudaGraphExec_t exec;
 };
 
 struct cu_backend {
@@ -74,8 +102,14 @@ struct cu_backend {
     float *final_norm;
     // slots
     int64_t slots1; // n_slots + 1
+    // Each slot's committed state is one block [L][S | conv window] (the export layout) when a
+    // layer's S + window is a multiple of 32 elements (then each layer starts 128-byte
+    // aligned), else with each layer padded to that: S and win point at layer 0 of slot 0,
+    // lS = lwin is the layer stride within a slot, sstride the slot stride. A handoff then
+    // lands in a slot as one contiguous transfer.
     float *S, *win, *xrec, *rec_u, *rec_kg, *stored;
     int64_t lS, lwin, lxrec, lrec_u, lrec_kg, lstored; // per-layer strides (elements)
+    int64_t sstride;                                   // slot stride of S and win (elements)
     int32_t *kg_read; // host [slots1]: which key/gate buffer holds the slot's last window
     // work space
     float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *decay, *beta, *o, *gu, *lg, *snap;
@@ -83,6 +117,13 @@ struct cu_backend {
     int64_t lg_rows;
     meta_layout ml;
     unsigned char *meta_dev;
+    // device sampling: per logit row decisions, per row results (device and pinned host)
+    kd_cu_sres *sres;
+    int32_t *sout, *sout_h;
+    // CUDA graphs of decode steps (forward_sample on verify-only batches)
+    int graphs;
+    graph_entry graph[kMaxGraphs];
+    int64_t graphs_captured, graph_replays;
 };
 
 cu_backend *SELF(kd_backend *b) { return (cu_backend *)b; }
@@ -151,6 +192,12 @@ int dalloc_t(cu_backend *cb, T **out, int64_t n, size_t elem, const char *what, 
 void free_all(cu_backend *cb) {
     if (cb->dev >= 0) cudaSetDevice(cb->dev);
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    for (int i = 0; i < kMaxGraphs; i++) {
+        if (cb->graph[i].exec) cudaGraphExecDestroy(cb->graph[i].exec);
+        cb->graph[i] = graph_entry{0, 0, 0, nullptr};
+    }
+    if (cb->sout_h) cudaFreeHost(cb->sout_h);
+    cb->sout_h = NULL;
     for (size_t i = 0; i < cb->n_dallocs; i++) cudaFree(cb->dallocs[i]);
     free(cb->dallocs);
     cb->dallocs = NULL, cb->n_dallocs = cb->cap_dallocs = 0;
@@ -320,7 +367,8 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     const int store_all = mode == KD_COMMIT_STORE_ALL;
     const int64_t convrec = c->use_short_conv ? cb->C : 0;
     cb->slots1 = S1;
-    cb->lS = S1 * ssm, cb->lwin = S1 * conv, cb->lxrec = S1 * Tw * convrec;
+    const int64_t lb = (ssm + conv + 31) / 32 * 32; // a layer's S + window, padded
+    cb->lS = cb->lwin = lb, cb->sstride = L * lb, cb->lxrec = S1 * Tw * convrec;
     cb->lrec_u = store_all ? 0 : S1 * Tw * HV * V;
     cb->lrec_kg = store_all ? 0 : S1 * 2 * Tw * HV * 2 * K;
     cb->lstored = store_all ? S1 * Tw * ssm : 0;
@@ -329,8 +377,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     if (!cb->kg_read) return kd_fail(err, "cuda backend: out of host memory");
     const size_t as = cb->wsz; // activation element fed to GEMMs
     cb->lg_rows = N < kLogitChunk ? N : kLogitChunk;
-    if (dalloc_t(cb, &cb->S, L * cb->lS, 4, "recurrent states", err) ||
-        dalloc_t(cb, &cb->win, L * cb->lwin, 4, "conv windows", err) ||
+    if (dalloc_t(cb, &cb->S, S1 * cb->sstride, 4, "recurrent states and conv windows", err) ||
         dalloc_t(cb, &cb->xrec, L * cb->lxrec, 4, "conv input records", err) ||
         dalloc_t(cb, &cb->rec_u, L * cb->lrec_u, 4, "correction records", err) ||
         dalloc_t(cb, &cb->rec_kg, L * cb->lrec_kg, 4, "key/gate records", err) ||
@@ -354,7 +401,8 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc_t(cb, &cb->lg, cb->lg_rows * cb->vocab, 4, "logits", err) ||
         dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err))
         return -1;
-    (void)ssm, (void)conv;
+    cb->win = cb->S + ssm; // each layer's window right after its S
+    (void)conv;
     meta_layout *ml = &cb->ml;
     size_t off = 0;
     ml->tokens = off, off = align_up(off + (size_t)N * sizeof(int32_t));
@@ -364,10 +412,16 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     ml->vrows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_kda_row));
     ml->prows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_prow));
     ml->lrows = off, off = align_up(off + (size_t)N * sizeof(int32_t));
+    ml->spos = off, off = align_up(off + (size_t)N * sizeof(kd_cu_spos));
+    ml->srows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_srow));
     ml->crows = off, off = align_up(off + (size_t)L * sizeof(kd_kda_row));
     ml->cfolds = off, off = align_up(off + 2 * sizeof(kd_cu_fold));
     ml->total = off;
-    if (dalloc_t(cb, &cb->meta_dev, (int64_t)ml->total, 1, "batch metadata", err)) return -1;
+    if (dalloc_t(cb, &cb->meta_dev, (int64_t)ml->total, 1, "batch metadata", err) ||
+        dalloc_t(cb, &cb->sres, N, sizeof(kd_cu_sres), "sampling decisions", err) ||
+        dalloc_t(cb, &cb->sout, (int64_t)max_rows * (Tw + 2), 4, "sampling results", err))
+        return -1;
+    CU(cudaMallocHost(&cb->sout_h, (size_t)max_rows * (Tw + 2) * 4));
     CU(cudaMallocHost(&cb->pinned_meta, ml->total));
     CU(cudaMallocHost(&cb->pinned_stage, kStageBytes));
     CU(cudaDeviceSynchronize());
@@ -392,8 +446,8 @@ int state_pieces(cu_backend *cb, int32_t slot, size_t off, size_t len, F fn) {
         struct {
             char *dev;
             size_t at, n;
-        } p[2] = {{(char *)(cb->S + (size_t)l * cb->lS + (size_t)slot * lay->ssm_elems), base, ssm_b},
-                  {(char *)(cb->win + (size_t)l * cb->lwin + (size_t)slot * lay->conv_elems), base + ssm_b, conv_b}};
+        } p[2] = {{(char *)(cb->S + (size_t)l * cb->lS + (size_t)slot * cb->sstride), base, ssm_b},
+                  {(char *)(cb->win + (size_t)l * cb->lwin + (size_t)slot * cb->sstride), base + ssm_b, conv_b}};
         for (int i = 0; i < 2; i++) {
             const size_t lo = p[i].at > off ? p[i].at : off, hi = p[i].at + p[i].n < end ? p[i].at + p[i].n : end;
             if (lo < hi && fn(p[i].dev + (lo - p[i].at), lo - off, hi - lo)) return -1;
@@ -406,7 +460,7 @@ int cu_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
     if (state_pieces(cb, slot, 0, bytes, [&](char *dev, size_t at, size_t n) {
-            CU(cudaMemcpyAsync((char *)dst + at, dev, n, cudaMemcpyDeviceToHost, cb->stream));
+            CU(cudaMemcpyAsync((char *)dst + at, dev, n, cudaMemcpyDefault, cb->stream)); // host or device dst
             return 0;
         }))
         return -1;
@@ -418,7 +472,7 @@ int cu_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
     if (state_pieces(cb, slot, offset, len, [&](char *dev, size_t at, size_t n) {
-            CU(cudaMemcpyAsync(dev, (const char *)src + at, n, cudaMemcpyHostToDevice, cb->stream));
+            CU(cudaMemcpyAsync(dev, (const char *)src + at, n, cudaMemcpyDefault, cb->stream)); // host or device src
             return 0;
         }))
         return -1;
@@ -433,15 +487,9 @@ int cu_state_write(kd_backend *b, int32_t slot, const void *src, size_t bytes, k
 int cu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
-    const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems;
-    for (int32_t l = 0; l < b->config.n_layers; l++) {
-        float *S = cb->S + (size_t)l * cb->lS, *w = cb->win + (size_t)l * cb->lwin;
-        CU(cudaMemcpyAsync(S + (size_t)dst * ssm, S + (size_t)src * ssm, (size_t)ssm * 4,
-                           cudaMemcpyDeviceToDevice, cb->stream));
-        if (conv)
-            CU(cudaMemcpyAsync(w + (size_t)dst * conv, w + (size_t)src * conv, (size_t)conv * 4,
-                               cudaMemcpyDeviceToDevice, cb->stream));
-    }
+    const size_t ss = (size_t)cb->sstride; // a slot's whole state is one block
+    CU(cudaMemcpyAsync(cb->S + (size_t)dst * ss, cb->S + (size_t)src * ss, ss * 4, cudaMemcpyDeviceToDevice,
+                       cb->stream));
     CU(cudaStreamSynchronize(cb->stream));
     return 0;
 }
@@ -449,13 +497,7 @@ int cu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
 int cu_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
-    const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems;
-    for (int32_t l = 0; l < b->config.n_layers; l++) {
-        CU(cudaMemsetAsync(cb->S + (size_t)l * cb->lS + (size_t)slot * ssm, 0, (size_t)ssm * 4, cb->stream));
-        if (conv)
-            CU(cudaMemsetAsync(cb->win + (size_t)l * cb->lwin + (size_t)slot * conv, 0, (size_t)conv * 4,
-                               cb->stream));
-    }
+    CU(cudaMemsetAsync(cb->S + (size_t)slot * cb->sstride, 0, (size_t)cb->sstride * 4, cb->stream));
     CU(cudaStreamSynchronize(cb->stream));
     return 0;
 }
@@ -482,6 +524,23 @@ int cu_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64
     if (rc == 0) *out = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return rc;
+}
+
+int cu_state_regions(kd_backend *b, int32_t slot, kd_dev_region *out, int max, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    int n = 0;
+    if (state_pieces(cb, slot, 0, b->layout.slot_elems * 4, [&](char *dev, size_t at, size_t len) {
+            (void)at;
+            if (n > 0 && (const char *)out[n - 1].dev + out[n - 1].n_bytes == dev) { // adjacent: one region
+                out[n - 1].n_bytes += len;
+                return 0;
+            }
+            if (n == max) return kd_fail(err, "cuda backend: a slot has more than %d state regions", max);
+            out[n++] = kd_dev_region{dev, (uint64_t)len};
+            return 0;
+        }))
+        return -1;
+    return n;
 }
 
 int cu_synchronize(kd_backend *b, kd_err *err) {
@@ -527,6 +586,7 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
     a.H = (int32_t)cb->H, a.HV = (int32_t)cb->HV, a.K = (int32_t)cb->K, a.V = (int32_t)cb->V;
     a.Tw = cb->base.max_window;
     a.state = cb->S + (size_t)l * cb->lS;
+    a.slot_stride = cb->sstride;
     a.rec_u = cb->lrec_u ? cb->rec_u + (size_t)l * cb->lrec_u : NULL;
     a.rec_kg = cb->lrec_kg ? cb->rec_kg + (size_t)l * cb->lrec_kg : NULL;
     a.stored = cb->lstored ? cb->stored + (size_t)l * cb->lstored : NULL;
@@ -542,50 +602,108 @@ kd_kda_mode kda_mode(const cu_backend *cb) {
     return cb->base.mode == KD_COMMIT_STORE_ALL ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED;
 }
 
-int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err) {
-    cu_backend *cb = SELF(b);
-    const kd_config *c = &b->config;
+// Fills the pinned metadata block for a batch and returns its launch shape. With sampling
+// (params != NULL) the sampler's per-position and per-row entries are filled too. pad_rows
+// > 0: the graph layout of a verify-only batch: rows padded to pad_rows with one-token
+// scratch windows, tokens to pad_rows * pad_window (the rest belong to no row: computed
+// and ignored), every verify row in the fold list (a fold of 0 is a no-op), max_len
+// pad_window, and every token a logit row (only the rows' own are sampled).
+fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *params, const double *uniforms,
+                 int pad_rows, int pad_window) {
+    const kd_config *c = &cb->base.config;
     const meta_layout *ml = &cb->ml;
-    const int64_t N = kd_batch_tokens(batch), D = cb->D, HV = cb->HV, K = cb->K, V = cb->V;
-    const int64_t QK = cb->QK, VD = cb->VD, P = cb->P, FF = cb->FF, C = cb->C;
     const int conv = c->use_short_conv, folding = conv && cb->Hw > 0;
-    const int bf = cb->bf16;
-    cudaStream_t s = cb->stream;
-    if (N == 0) return 0;
-    CU(cudaSetDevice(cb->dev));
-    // ---- metadata, host side
+    const int Tw = cb->base.max_window, scratch = cb->base.n_slots;
     unsigned char *hm = (unsigned char *)cb->pinned_meta;
     int32_t *tokens = (int32_t *)(hm + ml->tokens), *lrows = (int32_t *)(hm + ml->lrows);
     kd_cu_tok *toks = (kd_cu_tok *)(hm + ml->toks);
     kd_cu_fold *vfolds = (kd_cu_fold *)(hm + ml->vfolds), *pfolds = (kd_cu_fold *)(hm + ml->pfolds);
     kd_kda_row *vrows = (kd_kda_row *)(hm + ml->vrows);
     kd_cu_prow *prows = (kd_cu_prow *)(hm + ml->prows);
-    int nv = 0, np = 0, nvf = 0, npf = 0, max_len = 0;
+    kd_cu_spos *spos = (kd_cu_spos *)(hm + ml->spos);
+    kd_cu_srow *srows = (kd_cu_srow *)(hm + ml->srows);
+    fwd_shape sh;
+    memset(&sh, 0, sizeof sh);
     int64_t M = 0, t0 = 0;
-    for (int32_t r = 0; r < batch->n_rows; r++) {
-        const kd_batch_row *row = &batch->rows[r];
-        const int verify = row->kind == KD_ROW_VERIFY;
-        for (int32_t i = 0; i < row->n_tokens; i++) {
-            tokens[t0 + i] = batch->tokens[t0 + i];
-            toks[t0 + i].slot = row->slot, toks[t0 + i].pos = i;
+    const int n_rows = pad_rows > 0 ? pad_rows : batch->n_rows;
+    if (params && pad_rows > 0) // positions not sampled (the rows' own are set below)
+        for (int64_t t = 0; t < (int64_t)pad_rows * pad_window; t++) spos[t].row = -1;
+    for (int32_t r = 0; r < n_rows; r++) {
+        kd_batch_row row;
+        const int32_t *rt;
+        static const int32_t zero = 0;
+        if (r < batch->n_rows) row = batch->rows[r], rt = batch->tokens + t0;
+        else row = kd_batch_row{scratch, 1, KD_LOGITS_NONE, KD_ROW_VERIFY, 0}, rt = &zero;
+        const int verify = row.kind == KD_ROW_VERIFY;
+        for (int32_t i = 0; i < row.n_tokens; i++) {
+            tokens[t0 + i] = rt[i];
+            toks[t0 + i].slot = row.slot, toks[t0 + i].pos = i;
             toks[t0 + i].start = (int32_t)t0, toks[t0 + i].verify = verify;
         }
         if (verify) {
-            kd_kda_row *vr = &vrows[nv++];
+            kd_kda_row *vr = &vrows[sh.nv++];
             memset(vr, 0, sizeof *vr);
-            vr->slot = row->slot, vr->start = (int32_t)t0, vr->len = row->n_tokens, vr->fold = row->fold;
-            vr->kg_read = cb->kg_read[row->slot];
-            if (row->n_tokens > max_len) max_len = row->n_tokens;
-            if (folding && row->fold > 0) vfolds[nvf++] = kd_cu_fold{row->slot, row->fold, -1, 0};
+            vr->slot = row.slot, vr->start = (int32_t)t0, vr->len = row.n_tokens, vr->fold = row.fold;
+            vr->kg_read = cb->kg_read[row.slot];
+            if (row.n_tokens > sh.max_len) sh.max_len = row.n_tokens;
+            if (folding && (row.fold > 0 || pad_rows > 0)) vfolds[sh.nvf++] = kd_cu_fold{row.slot, row.fold, -1, 0};
         } else {
-            prows[np++] = kd_cu_prow{row->slot, (int32_t)t0, row->n_tokens, 0};
-            if (folding) pfolds[npf++] = kd_cu_fold{row->slot, row->n_tokens, (int32_t)t0, 0};
+            prows[sh.np++] = kd_cu_prow{row.slot, (int32_t)t0, row.n_tokens, 0};
+            if (folding) pfolds[sh.npf++] = kd_cu_fold{row.slot, row.n_tokens, (int32_t)t0, 0};
         }
-        if (row->logits != KD_LOGITS_NONE)
-            for (int32_t i = row->logits == KD_LOGITS_ALL ? 0 : row->n_tokens - 1; i < row->n_tokens; i++)
+        if (params) {
+            kd_cu_srow *sr = &srows[r];
+            *sr = kd_cu_srow{-1, 0, 1, 0};
+            if (row.logits != KD_LOGITS_NONE) {
+                const kd_sample_params &p = params[r];
+                const double *u = uniforms + (size_t)r * Tw;
+                const int all = row.logits == KD_LOGITS_ALL;
+                const int32_t first_pos = all ? 0 : row.n_tokens - 1;
+                const int64_t first = pad_rows > 0 ? t0 + first_pos : M;
+                sr->first = (int32_t)first, sr->n_draft = all ? row.n_tokens - 1 : 0, sr->greedy = p.temperature == 0;
+                for (int32_t i = first_pos; i < row.n_tokens; i++) {
+                    const int32_t k = i - first_pos;
+                    kd_cu_spos &sp = spos[first + k];
+                    sp.row = r, sp.draft = all && i + 1 < row.n_tokens ? rt[i + 1] : -1;
+                    sp.top_k = p.top_k, sp.greedy = p.temperature == 0;
+                    sp.temperature = p.temperature, sp.top_p = p.top_p;
+                    sp.u_acc = sp.greedy ? 0 : u[k];
+                    sp.u_draw = sp.greedy ? 0 : u[sp.draft >= 0 ? k + 1 : k];
+                }
+            }
+        }
+        if (pad_rows == 0 && row.logits != KD_LOGITS_NONE)
+            for (int32_t i = row.logits == KD_LOGITS_ALL ? 0 : row.n_tokens - 1; i < row.n_tokens; i++)
                 lrows[M++] = (int32_t)(t0 + i);
-        t0 += row->n_tokens;
+        t0 += row.n_tokens;
     }
+    if (pad_rows > 0) {
+        const int64_t Np = (int64_t)pad_rows * pad_window;
+        for (int64_t t = t0; t < Np; t++) { // tokens of no row
+            tokens[t] = 0;
+            toks[t] = kd_cu_tok{scratch, 0, (int32_t)t, 0};
+        }
+        for (int64_t t = 0; t < Np; t++) lrows[t] = (int32_t)t;
+        sh.max_len = pad_window;
+        t0 = Np, M = Np;
+    }
+    sh.N = t0, sh.M = M, sh.n_rows = n_rows, sh.sample = params != NULL;
+    return sh;
+}
+
+// Enqueues one forward of the encoded batch on the stream (no host wait: graph capture
+// records exactly this): the metadata upload, the model, the head in chunks of rows, then
+// either the logits to the host or the sampler and its results to the pinned buffer.
+int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
+    kd_backend *b = &cb->base;
+    const kd_config *c = &b->config;
+    const meta_layout *ml = &cb->ml;
+    const int64_t N = sh.N, M = sh.M, D = cb->D, HV = cb->HV, K = cb->K, V = cb->V;
+    const int64_t QK = cb->QK, VD = cb->VD, P = cb->P, FF = cb->FF, C = cb->C;
+    const int conv = c->use_short_conv;
+    const int bf = cb->bf16;
+    const int nv = sh.nv, np = sh.np, nvf = sh.nvf, npf = sh.npf, max_len = sh.max_len;
+    cudaStream_t s = cb->stream;
     CU(cudaMemcpyAsync(cb->meta_dev, cb->pinned_meta, ml->total, cudaMemcpyHostToDevice, s));
     const int32_t *d_tokens = (const int32_t *)(cb->meta_dev + ml->tokens);
     const int32_t *d_lrows = (const int32_t *)(cb->meta_dev + ml->lrows);
@@ -594,6 +712,8 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
     const kd_cu_fold *d_pfolds = (const kd_cu_fold *)(cb->meta_dev + ml->pfolds);
     const kd_kda_row *d_vrows = (const kd_kda_row *)(cb->meta_dev + ml->vrows);
     const kd_cu_prow *d_prows = (const kd_cu_prow *)(cb->meta_dev + ml->prows);
+    const kd_cu_spos *d_spos = (const kd_cu_spos *)(cb->meta_dev + ml->spos);
+    const kd_cu_srow *d_srows = (const kd_cu_srow *)(cb->meta_dev + ml->srows);
 
     // ---- the model
     KDA(kd_cu_embed(bf, cb->embed, d_tokens, N, D, cb->x, s));
@@ -616,10 +736,12 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
             gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err))
             return -1;
         KDA(kd_cu_copy_cols(0, cb->braw, cb->proj, N, P, 2 * QK + VD + 2 * V, HV, s));
-        if (nvf) KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, xrec, b->max_window, cb->proj, P, s));
-        KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, conv ? Ly->conv : NULL, (int)cb->W, xrec,
+        if (nvf)
+            KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
+        KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W, xrec,
                             b->max_window, cb->q, cb->k, cb->v, s));
-        if (npf) KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, xrec, b->max_window, cb->proj, P, s));
+        if (npf)
+            KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
         KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw, cb->braw,
                            Ly->A_log, Ly->dt_bias, c->use_lower_bound, (float)c->lower_bound, c->allow_neg_eigval,
                            cb->qn, cb->kn, cb->decay, cb->beta, s));
@@ -629,7 +751,7 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
             KDA(kd_kda_verify(&a, kmode, max_len, s));
         }
         if (np)
-            KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->qn,
+            KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
                               cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
         KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
                                 c->norm_eps, s));
@@ -640,7 +762,8 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
         KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
         if (gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err)) return -1;
     }
-    // ---- logits: final norm of the requested positions, head GEMM in chunks
+    // ---- logits: final norm of the requested positions, head GEMM in chunks; each chunk
+    // either copied to the host or sampled where it is
     if (M > 0) {
         KDA(kd_cu_rmsnorm(bf, cb->sel, cb->x, d_lrows, M, D, cb->final_norm, c->norm_eps, s));
         for (int64_t m0 = 0; m0 < M; m0 += cb->lg_rows) {
@@ -648,16 +771,116 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
             if (gemm(cb, mc, cb->vocab, D, act_at(cb, cb->sel, m0 * D), D, cb->head, D, 0.f, cb->lg, cb->vocab,
                      "head", err))
                 return -1;
-            CU(cudaMemcpyAsync(logits + (size_t)m0 * cb->vocab, cb->lg, (size_t)(mc * cb->vocab) * sizeof(float),
-                               cudaMemcpyDeviceToHost, s));
+            if (sh.sample)
+                KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, s));
+            else
+                CU(cudaMemcpyAsync(sh.logits + (size_t)m0 * cb->vocab, cb->lg, (size_t)(mc * cb->vocab) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, s));
         }
     }
-    CU(cudaStreamSynchronize(s));
+    if (sh.sample) {
+        KDA(kd_cu_sample_finish(d_srows, sh.n_rows, d_spos, cb->sres, b->max_window, cb->sout, s));
+        CU(cudaMemcpyAsync(cb->sout_h, cb->sout, (size_t)sh.n_rows * (b->max_window + 2) * 4, cudaMemcpyDeviceToHost,
+                           s));
+    }
+    return 0;
+}
+
+// After the stream ran a forward of these rows: a verify wrote its key/gate records into
+// the slot's other buffer.
+void after_forward(cu_backend *cb, const kd_batch *batch, int pad_rows) {
+    if (kda_mode(cb) != KD_KDA_DEFERRED) return;
+    for (int32_t r = 0; r < batch->n_rows; r++)
+        if (batch->rows[r].kind == KD_ROW_VERIFY) cb->kg_read[batch->rows[r].slot] ^= 1;
+    for (int32_t r = batch->n_rows; r < pad_rows; r++) cb->kg_read[cb->base.n_slots] ^= 1;
+}
+
+int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    if (kd_batch_tokens(batch) == 0) return 0;
+    CU(cudaSetDevice(cb->dev));
+    fwd_shape sh = encode(cb, batch, NULL, NULL, 0, 0);
+    sh.logits = logits;
+    if (launch(cb, sh, err)) return -1;
+    CU(cudaStreamSynchronize(cb->stream));
     CU(cudaGetLastError());
-    // a verify wrote its key/gate records into the slot's other buffer
-    if (kmode == KD_KDA_DEFERRED)
-        for (int32_t r = 0; r < batch->n_rows; r++)
-            if (batch->rows[r].kind == KD_ROW_VERIFY) cb->kg_read[batch->rows[r].slot] ^= 1;
+    after_forward(cb, batch, 0);
+    return 0;
+}
+
+// The padded shape a decode batch replays a graph of (rows 0: run it eagerly): verify rows
+// only, all logits; rows padded to the next power of two within the reservation, tokens to
+// that many windows of the batch's longest window.
+int graph_rows(const cu_backend *cb, const kd_batch *batch, int *window) {
+    const kd_backend *b = &cb->base;
+    *window = 0;
+    if (!cb->graphs || batch->n_rows < 1) return 0;
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row &row = batch->rows[r];
+        if (row.kind != KD_ROW_VERIFY || (row.logits != KD_LOGITS_ALL && row.slot != b->n_slots)) return 0;
+        if (row.n_tokens > *window) *window = row.n_tokens;
+    }
+    int R = 1;
+    while (R < batch->n_rows) R *= 2;
+    if (R > b->max_rows) R = b->max_rows;
+    if (R < batch->n_rows || (int64_t)R * *window > b->max_tokens) return 0;
+    return R;
+}
+
+void unpack_samples(const cu_backend *cb, int n_rows, int32_t *tokens, int32_t *accepted, int32_t *used) {
+    const int Tw = cb->base.max_window;
+    for (int r = 0; r < n_rows; r++) {
+        const int32_t *o = cb->sout_h + (size_t)r * (Tw + 2);
+        accepted[r] = o[Tw], used[r] = o[Tw + 1];
+        for (int i = 0; i <= o[Tw] && i < Tw; i++) tokens[(size_t)r * Tw + i] = o[i];
+    }
+}
+
+int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_params *params, const double *uniforms,
+                      int32_t *tokens, int32_t *accepted, int32_t *used, kd_err *err) {
+    cu_backend *cb = SELF(b);
+    if (kd_batch_tokens(batch) == 0) return 0;
+    CU(cudaSetDevice(cb->dev));
+    int Tp = 0;
+    const int R = graph_rows(cb, batch, &Tp);
+    const fwd_shape sh = encode(cb, batch, params, uniforms, R, Tp);
+    graph_entry *g = NULL;
+    if (R > 0) {
+        for (int i = 0; i < kMaxGraphs && !g; i++)
+            if (cb->graph[i].rows == R && cb->graph[i].window == Tp) g = &cb->graph[i];
+        for (int i = 0; i < kMaxGraphs && !g; i++)
+            if (cb->graph[i].rows == 0) g = &cb->graph[i], g->rows = R, g->window = Tp;
+    }
+    if (g && !g->exec && g->seen >= 1) { // capture on the second sight of a shape
+        cudaGraph_t graph = nullptr;
+        CU(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
+        const int rc = launch(cb, sh, err);
+        const cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+        if (rc) {
+            if (graph) cudaGraphDestroy(graph);
+            return -1;
+        }
+        if (e != cudaSuccess)
+            return kd_fail(err, "cuda backend: graph capture of %d rows x %d: %s", R, Tp, cudaGetErrorString(e));
+        const cudaError_t ie = cudaGraphInstantiate(&g->exec, graph, 0);
+        cudaGraphDestroy(graph);
+        if (ie != cudaSuccess) {
+            g->exec = nullptr;
+            return kd_fail(err, "cuda backend: graph instantiate of %d rows x %d: %s", R, Tp, cudaGetErrorString(ie));
+        }
+        cb->graphs_captured++;
+    }
+    if (g && g->exec) {
+        CU(cudaGraphLaunch(g->exec, cb->stream));
+        cb->graph_replays++;
+    } else {
+        if (launch(cb, sh, err)) return -1;
+        if (g) g->seen++;
+    }
+    CU(cudaStreamSynchronize(cb->stream)); // the one wait of a step: the tokens
+    CU(cudaGetLastError());
+    after_forward(cb, batch, R);
+    unpack_samples(cb, batch->n_rows, tokens, accepted, used);
     return 0;
 }
 
@@ -694,11 +917,12 @@ int cu_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *sna
         a.n_rows = 1, a.rows = d_crows + l;
         KDA(kd_kda_commit(&a, kmode, s));
         if (folding) {
-            KDA(kd_cu_conv_fold(d_cf, 1, cb->C, (int)cb->W, win, xrec, b->max_window, NULL, 0, s));
+            KDA(kd_cu_conv_fold(d_cf, 1, cb->C, (int)cb->W, win, cb->sstride, xrec, b->max_window, NULL, 0, s));
             if (snap_at > 0 && conv)
-                CU(cudaMemcpyAsync(cb->snap + (size_t)l * layer + ssm, win + (size_t)slot * conv, (size_t)conv * 4,
+                CU(cudaMemcpyAsync(cb->snap + (size_t)l * layer + ssm, win + (size_t)slot * cb->sstride, (size_t)conv * 4,
                                    cudaMemcpyDeviceToDevice, s));
-            if (n > first) KDA(kd_cu_conv_fold(d_cf + 1, 1, cb->C, (int)cb->W, win, xrec, b->max_window, NULL, 0, s));
+            if (n > first)
+                KDA(kd_cu_conv_fold(d_cf + 1, 1, cb->C, (int)cb->W, win, cb->sstride, xrec, b->max_window, NULL, 0, s));
         }
     }
     if (snap_at > 0)
@@ -724,6 +948,8 @@ kd_backend_ops make_ops() {
     o.state_hash = cu_state_hash;
     o.commit = cu_commit;
     o.synchronize = cu_synchronize;
+    o.forward_sample = cu_forward_sample;
+    o.state_regions = cu_state_regions;
     return o;
 }
 
@@ -746,6 +972,8 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->bf16 = act_bf16 ? 1 : 0;
     cb->wsz = cb->bf16 ? 2 : 4;
     cb->dev = 0;
+    const char *graphs_env = getenv("KDECODE_CUDA_GRAPHS");
+    cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(cb->dev);
     if (e != cudaSuccess) what = "cudaSetDevice";
@@ -773,4 +1001,49 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
         return NULL;
     }
     return &cb->base;
+}
+
+namespace {
+cu_backend *as_cuda(kd_backend *b) { return b && b->ops == &cuda_ops ? (cu_backend *)b : nullptr; }
+} // namespace
+
+extern "C" int kd_cuda_set_graphs(kd_backend *b, int on) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb) return -1;
+    cb->graphs = on ? 1 : 0;
+    return 0;
+}
+
+extern "C" void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays) {
+    cu_backend *cb = as_cuda(b);
+    *captured = cb ? cb->graphs_captured : 0;
+    *replays = cb ? cb->graph_replays : 0;
+}
+
+extern "C" int kd_cuda_sample_logits(kd_backend *b, const kd_batch *batch, const float *logits,
+                                     const kd_sample_params *params, const double *uniforms, int32_t *tokens,
+                                     int32_t *accepted, int32_t *used, kd_err *err) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb) return kd_fail(err, "kd_cuda_sample_logits: not a CUDA backend");
+    if (b->n_slots == 0) return kd_fail(err, "kd_cuda_sample_logits: no slots reserved");
+    if (kd_batch_check(batch, b->n_slots, b->max_tokens, b->max_window, b->config.vocab, err)) return -1;
+    if (batch->n_rows > b->max_rows) return kd_fail(err, "kd_cuda_sample_logits: too many rows");
+    CU(cudaSetDevice(cb->dev));
+    const fwd_shape sh = encode(cb, batch, params, uniforms, 0, 0);
+    cudaStream_t s = cb->stream;
+    CU(cudaMemcpyAsync(cb->meta_dev, cb->pinned_meta, cb->ml.total, cudaMemcpyHostToDevice, s));
+    const kd_cu_spos *d_spos = (const kd_cu_spos *)(cb->meta_dev + cb->ml.spos);
+    const kd_cu_srow *d_srows = (const kd_cu_srow *)(cb->meta_dev + cb->ml.srows);
+    for (int64_t m0 = 0; m0 < sh.M; m0 += cb->lg_rows) {
+        const int64_t mc = sh.M - m0 < cb->lg_rows ? sh.M - m0 : cb->lg_rows;
+        CU(cudaMemcpyAsync(cb->lg, logits + (size_t)m0 * cb->vocab, (size_t)(mc * cb->vocab) * sizeof(float),
+                           cudaMemcpyHostToDevice, s));
+        KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, s));
+    }
+    KDA(kd_cu_sample_finish(d_srows, sh.n_rows, d_spos, cb->sres, b->max_window, cb->sout, s));
+    CU(cudaMemcpyAsync(cb->sout_h, cb->sout, (size_t)sh.n_rows * (b->max_window + 2) * 4, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaGetLastError());
+    unpack_samples(cb, batch->n_rows, tokens, accepted, used);
+    return 0;
 }

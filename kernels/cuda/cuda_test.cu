@@ -15,7 +15,18 @@
 //     recurrent state and conv window apart, so that a failure points at an op), and the
 //     state calls (hash, partial writes, copy, reset) on the GPU alone.
 // (b) The oracle checkpoints: logits of every prompt position, greedy continuations through
-//     T = 1 verify windows (deferred, eager, store-all), fp32 and bf16 activations.
+//     T = 1 verify windows (deferred, eager, store-all), fp32 and bf16 activations; the same
+//     greedy continuations through forward_sample replaying CUDA graphs (3 rows padded to 4).
+// (c) Device sampling (forward_sample's kernels) against the reference kd_sample_batch_ref
+//     on random logits (vocab 257 and 163840, ties planted): greedy exact; sampled rows exact
+//     unless the reference, with the uniforms or top_p moved by 1e-9 relative, gives the
+//     GPU's answer (a tie within rounding, counted and bounded).
+// (d) CUDA graphs: decode steps of 1..8 rows (padded to 1, 2, 4, 8) on a backend replaying
+//     graphs against one running eagerly: tokens, accepted counts and uniforms used equal.
+// (e) The engine on the GPU against the engine on the CPU: a long randomized run (requests
+//     joining, finishing and aborted, n-gram / caller / no drafts, greedy and sampled, stop
+//     tokens), in each commit mode (eager with the prefix cache): every request's tokens
+//     and finish equal.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,9 +42,12 @@
 
 #include "kd/backend.h"
 extern "C" {
+#include "worker/engine.h"
 #include "worker/model.h"
 #include "worker/safetensors.h"
 }
+
+#include <map>
 
 // ------------------------------------------------------------------------- reporting
 
@@ -642,6 +656,447 @@ static void oracle_case(const char *dir, const char *name, int bf, kd_commit_mod
     kd_model_close(m);
 }
 
+// ------------------------------------------------------------------- device sampling
+
+static kd_backend *sampling_backend(RandModel &m, int32_t vocab, int32_t rows, int32_t tw, uint64_t seed) {
+    const Spec sp = {"sampling", 32, 1, 1, 1, 32, 32, 4, 1, 32, vocab, 0, 0, 0, 0, 0};
+    build_model(m, sp, seed);
+    kd_err err;
+    kd_backend *g = kd_cuda_backend_create(0, &err);
+    if (!g || kd_backend_load(g, &m.c, &m.w, &err) ||
+        kd_backend_reserve(g, rows, rows, (int64_t)rows * tw, tw, KD_COMMIT_DEFERRED, &err)) {
+        report(false, "sampling backend (vocab %d): %s", vocab, err.msg);
+        kd_backend_free(g);
+        return nullptr;
+    }
+    return g;
+}
+
+// The reference on one row, with the row's uniforms scaled by fu and top_p by fp.
+static void ref_row(const kd_batch &b, int32_t r, const std::vector<float> &lg, int64_t m0, int32_t V, int32_t tw,
+                    kd_sample_params p, const double *u, double fu, double fp, std::vector<double> &probs,
+                    std::vector<int32_t> &order, int32_t *tok, int32_t *acc, int32_t *used) {
+    kd_batch one;
+    int64_t t0 = 0;
+    for (int32_t q = 0; q < r; q++) t0 += b.rows[q].n_tokens;
+    kd_batch_row row = b.rows[r];
+    row.slot = 0;
+    one.n_rows = 1, one.rows = &row, one.tokens = b.tokens + t0;
+    std::vector<double> uu(tw);
+    for (int32_t i = 0; i < tw; i++) uu[i] = std::min(u[i] * fu, 0.9999999999999999);
+    p.top_p = std::min(1.0, p.top_p * fp);
+    kd_sample_batch_ref(&one, lg.data() + m0 * V, V, tw, &p, uu.data(), probs.data(), order.data(), tok, acc, used);
+}
+
+static void sampling_case(int32_t V, uint64_t seed, int rounds) {
+    const int32_t R = 40, TW = 8;
+    RandModel m;
+    kd_backend *g = sampling_backend(m, V, R, TW, seed);
+    if (!g) return;
+    Rng r(seed);
+    std::vector<double> probs(V), pr(V);
+    std::vector<int32_t> order(V);
+    int64_t rows_checked = 0, greedy_rows = 0, sampled_rows = 0, ties = 0, accepted = 0, drafts = 0, bad = 0;
+    for (int round = 0; round < rounds; round++) {
+        std::vector<kd_batch_row> rows;
+        std::vector<kd_sample_params> params;
+        std::vector<double> uni;
+        for (int32_t i = 0; i < R; i++) {
+            kd_batch_row row;
+            memset(&row, 0, sizeof row);
+            row.slot = i;
+            const int kind = r.uni(8);
+            row.kind = kind == 0 ? KD_ROW_PREFILL : KD_ROW_VERIFY;
+            row.n_tokens = 1 + r.uni(TW);
+            row.logits = kind == 0 ? KD_LOGITS_LAST : kind == 1 ? KD_LOGITS_NONE : kind == 2 ? KD_LOGITS_LAST : KD_LOGITS_ALL;
+            rows.push_back(row);
+            kd_sample_params p;
+            memset(&p, 0, sizeof p);
+            static const double temps[] = {0, 0, 0.3, 0.7, 1.0, 1.6};
+            static const double tops[] = {1, 1, 0.95, 0.8, 0.5, 0.05};
+            const int32_t ks[] = {0, 0, 1, 5, 50, V - 1, V + 3};
+            p.temperature = temps[r.uni(6)], p.top_p = tops[r.uni(6)], p.top_k = ks[r.uni(7)];
+            params.push_back(p);
+            for (int32_t j = 0; j < TW; j++) uni.push_back(r.u01());
+        }
+        // logits position by position, then the drafts from them
+        kd_batch b;
+        b.n_rows = R, b.rows = rows.data();
+        const int64_t M = kd_batch_logit_rows(&b);
+        std::vector<float> lg((size_t)(M * V));
+        std::vector<int32_t> tok;
+        int64_t m = 0;
+        for (int32_t i = 0; i < R; i++) {
+            const kd_batch_row &row = rows[i];
+            const int32_t nl = row.logits == KD_LOGITS_ALL ? row.n_tokens : row.logits == KD_LOGITS_LAST ? 1 : 0;
+            std::vector<int32_t> best(nl);
+            for (int32_t q = 0; q < nl; q++, m++) {
+                float *l = lg.data() + m * V;
+                const double scale = r.uni(3) == 0 ? 8 : r.uni(2) ? 2 : 0.5;
+                for (int32_t j = 0; j < V; j++) l[j] = (float)(scale * r.normal());
+                if (r.uni(3) == 0) { // planted ties: copies of the maximum and of other values
+                    int32_t mx = 0;
+                    for (int32_t j = 1; j < V; j++)
+                        if (l[j] > l[mx]) mx = j;
+                    for (int c = 0; c < 3; c++) l[r.uni(V)] = l[mx];
+                    for (int c = 0; c < V / 50 + 2; c++) l[r.uni(V)] = l[r.uni(V)];
+                    if (r.uni(4) == 0) l[r.uni(V)] = -0.0f, l[r.uni(V)] = 0.0f;
+                }
+                best[q] = argmax(l, V);
+            }
+            tok.push_back(r.uni(V)); // x0
+            for (int32_t q = 1; q < row.n_tokens; q++) {
+                const int c = r.uni(4);
+                const int32_t prev = row.logits == KD_LOGITS_ALL ? best[q - 1] : 0;
+                tok.push_back(c < 2 ? prev : c == 2 ? (int32_t)std::min(V - 1, prev + r.uni(3)) : r.uni(V));
+            }
+        }
+        b.tokens = tok.data();
+        std::vector<int32_t> gt((size_t)R * TW, -7), ga(R, -7), gu(R, -7), ct((size_t)R * TW, -9), ca(R), cu(R);
+        kd_err err;
+        if (kd_cuda_sample_logits(g, &b, lg.data(), params.data(), uni.data(), gt.data(), ga.data(), gu.data(), &err)) {
+            report(false, "sampling vocab %d round %d: %s", V, round, err.msg);
+            break;
+        }
+        kd_sample_batch_ref(&b, lg.data(), V, TW, params.data(), uni.data(), probs.data(), order.data(), ct.data(),
+                            ca.data(), cu.data());
+        m = 0;
+        for (int32_t i = 0; i < R; i++) {
+            const kd_batch_row &row = rows[i];
+            const int64_t m0 = m;
+            m += row.logits == KD_LOGITS_ALL ? row.n_tokens : row.logits == KD_LOGITS_LAST ? 1 : 0;
+            if (row.logits == KD_LOGITS_NONE) {
+                if (ga[i] != 0 || gu[i] != 0) bad++, note("vocab %d row %d (no logits): accepted %d used %d", V, i, ga[i], gu[i]);
+                continue;
+            }
+            rows_checked++;
+            const bool greedy = params[i].temperature == 0;
+            greedy ? greedy_rows++ : sampled_rows++;
+            if (row.logits == KD_LOGITS_ALL) drafts += row.n_tokens - 1, accepted += ca[i];
+            bool same = ga[i] == ca[i] && gu[i] == cu[i];
+            for (int32_t q = 0; same && q <= ca[i]; q++) same = gt[(size_t)i * TW + q] == ct[(size_t)i * TW + q];
+            if (same) continue;
+            bool tie = false;
+            if (!greedy) // a tie within rounding: the reference, nudged by 1e-9, agrees with the GPU
+                for (double fu : {1.0, 1 - 1e-9, 1 + 1e-9})
+                    for (double fp : {1.0, 1 - 1e-9, 1 + 1e-9}) {
+                        int32_t t2[8], a2, u2;
+                        ref_row(b, i, lg, m0, V, TW, params[i], uni.data() + (size_t)i * TW, fu, fp, pr, order, t2,
+                                &a2, &u2);
+                        bool eq = a2 == ga[i] && u2 == gu[i];
+                        for (int32_t q = 0; eq && q <= a2; q++) eq = t2[q] == gt[(size_t)i * TW + q];
+                        tie = tie || eq;
+                    }
+            if (tie) {
+                ties++;
+                continue;
+            }
+            bad++;
+            if (bad <= 5)
+                note("vocab %d round %d row %d (%s, T %.2f k %d p %.2f): gpu a=%d used %d tok %d | cpu a=%d used %d tok %d",
+                     V, round, i, row_desc(row, R).c_str(), params[i].temperature, params[i].top_k, params[i].top_p,
+                     ga[i], gu[i], gt[(size_t)i * TW + std::max(0, std::min(ga[i], TW - 1))], ca[i], cu[i],
+                     ct[(size_t)i * TW + ca[i]]);
+        }
+    }
+    report(bad == 0 && ties * 100 <= sampled_rows + 100,
+           "device sampling vocab %d: %lld rows (%lld greedy, %lld sampled), drafts accepted %lld of %lld; "
+           "differences %lld, ties within rounding %lld",
+           V, (long long)rows_checked, (long long)greedy_rows, (long long)sampled_rows, (long long)accepted,
+           (long long)drafts, (long long)bad, (long long)ties);
+    kd_backend_free(g);
+}
+
+// ------------------------------------------------------------------------ CUDA graphs
+
+static void graph_case(const Spec &s, uint64_t seed, int steps) {
+    RandModel m;
+    build_model(m, s, seed);
+    const int32_t NS = 8, TW = 4;
+    kd_err err;
+    kd_backend *be[2] = {kd_cuda_backend_create(0, &err), kd_cuda_backend_create(0, &err)};
+    bool ok = be[0] && be[1];
+    for (int i = 0; i < 2 && ok; i++)
+        ok = kd_backend_load(be[i], &m.c, &m.w, &err) == 0 &&
+             kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
+             kd_cuda_set_graphs(be[i], i == 0) == 0;
+    if (!report(ok, "[graphs %s] two backends (graphs on / off)%s%s", s.name, ok ? "" : ": ", ok ? "" : err.msg)) {
+        kd_backend_free(be[0]), kd_backend_free(be[1]);
+        return;
+    }
+    Rng r(seed + 5);
+    // prompts into every slot (eager on both)
+    {
+        std::vector<kd_batch_row> rows;
+        std::vector<int32_t> tok;
+        for (int32_t i = 0; i < NS; i++) {
+            kd_batch_row row;
+            memset(&row, 0, sizeof row);
+            row.slot = i, row.n_tokens = 3 + r.uni(6), row.kind = KD_ROW_PREFILL, row.logits = KD_LOGITS_NONE;
+            rows.push_back(row);
+            for (int q = 0; q < row.n_tokens; q++) tok.push_back(r.uni(s.vocab));
+        }
+        kd_batch b;
+        b.n_rows = NS, b.rows = rows.data(), b.tokens = tok.data();
+        for (int i = 0; i < 2; i++) ok = ok && kd_backend_forward(be[i], &b, nullptr, &err) == 0;
+        report(ok, "[graphs %s] prompts into %d slots%s%s", s.name, NS, ok ? "" : ": ", ok ? "" : err.msg);
+    }
+    std::vector<int32_t> last(NS, 1), recorded(NS, 0);
+    int64_t rows_total = 0, diffs = 0, acc_total = 0;
+    std::vector<int> sizes;
+    for (int step = 0; step < steps && ok; step++) {
+        const int k = 1 + (step < 8 ? step : r.uni(NS)); // every count 1..8 early on
+        std::vector<int32_t> order(NS);
+        for (int i = 0; i < NS; i++) order[i] = i;
+        for (int i = NS - 1; i > 0; i--) std::swap(order[i], order[r.uni(i + 1)]);
+        std::vector<kd_batch_row> rows;
+        std::vector<int32_t> tok;
+        std::vector<kd_sample_params> params;
+        std::vector<double> uni;
+        for (int i = 0; i < k; i++) {
+            kd_batch_row row;
+            memset(&row, 0, sizeof row);
+            row.slot = order[i], row.kind = KD_ROW_VERIFY, row.logits = KD_LOGITS_ALL;
+            row.n_tokens = 1 + r.uni(TW), row.fold = recorded[row.slot];
+            rows.push_back(row);
+            tok.push_back(last[row.slot]);
+            for (int q = 1; q < row.n_tokens; q++) tok.push_back(r.uni(3) ? last[row.slot] : r.uni(s.vocab));
+            kd_sample_params p;
+            memset(&p, 0, sizeof p);
+            p.temperature = r.uni(2) ? 0 : 0.8, p.top_p = r.uni(2) ? 1 : 0.9, p.top_k = r.uni(2) ? 0 : 20;
+            params.push_back(p);
+            for (int q = 0; q < TW; q++) uni.push_back(r.u01());
+        }
+        kd_batch b;
+        b.n_rows = k, b.rows = rows.data(), b.tokens = tok.data();
+        std::vector<int32_t> t[2], a[2], u[2];
+        for (int i = 0; i < 2 && ok; i++) {
+            t[i].assign((size_t)k * TW, -1), a[i].assign(k, -1), u[i].assign(k, -1);
+            ok = kd_backend_forward_sample(be[i], &b, params.data(), uni.data(), t[i].data(), a[i].data(), u[i].data(),
+                                           &err) == 0;
+        }
+        if (!report(ok, "[graphs %s] step %d (%d rows)%s%s", s.name, step, k, ok ? "" : ": ", ok ? "" : err.msg)) break;
+        for (int i = 0; i < k; i++) {
+            bool same = a[0][i] == a[1][i] && u[0][i] == u[1][i];
+            for (int q = 0; same && q <= a[1][i]; q++) same = t[0][(size_t)i * TW + q] == t[1][(size_t)i * TW + q];
+            if (!same) {
+                diffs++;
+                if (diffs <= 3)
+                    note("[graphs %s] step %d row %d: graph a=%d tok %d, eager a=%d tok %d", s.name, step, i, a[0][i],
+                         t[0][(size_t)i * TW + std::max(0, std::min(a[0][i], TW - 1))], a[1][i],
+                         t[1][(size_t)i * TW + a[1][i]]);
+            }
+            const int32_t slot = rows[i].slot;
+            recorded[slot] = 1 + a[1][i];
+            last[slot] = t[1][(size_t)i * TW + a[1][i]];
+            acc_total += a[1][i];
+            rows_total++;
+        }
+    }
+    int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
+    kd_cuda_graph_stats(be[0], &cap, &rep);
+    kd_cuda_graph_stats(be[1], &cap1, &rep1);
+    report(ok && diffs == 0 && cap >= 1 && rep > 0 && cap1 == 0 && rep1 == 0,
+           "[graphs %s] %d steps, %lld rows (1..8 per step, padded to 1/2/4/8 rows of the longest window): graph replay == eager on every row "
+           "(differences %lld, drafts accepted %lld); graphs captured %lld, replays %lld (eager backend: %lld)",
+           s.name, steps, (long long)rows_total, (long long)diffs, (long long)acc_total, (long long)cap, (long long)rep,
+           (long long)cap1);
+    kd_backend_free(be[0]), kd_backend_free(be[1]);
+}
+
+// The oracle's greedy continuations through forward_sample with graphs: 3 copies of the
+// prompt decoded side by side (3 rows padded to 4 with the scratch row).
+static void oracle_graph_case(const char *dir, const char *name) {
+    char path[2048], lab[96];
+    snprintf(lab, sizeof lab, "[oracle %s fp32 deferred, graphs]", name);
+    kd_err err;
+    snprintf(path, sizeof path, "%s/%s/model", dir, name);
+    kd_model *m = kd_model_open(path, &err);
+    if (!report(m != nullptr, "%s open %s%s%s", lab, path, m ? "" : ": ", m ? "" : err.msg)) return;
+    snprintf(path, sizeof path, "%s/%s/vectors.safetensors", dir, name);
+    kd_st_file *vec = kd_st_open(path, &err);
+    kd_backend *g = vec ? kd_cuda_backend_create(0, &err) : nullptr;
+    bool ok = g && kd_backend_load(g, &m->config, &m->tensors, &err) == 0 &&
+              kd_backend_reserve(g, 3, 4, 1024, 4, KD_COMMIT_DEFERRED, &err) == 0 && kd_cuda_set_graphs(g, 1) == 0;
+    if (report(ok, "%s backend%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) {
+        for (int pr = 0; pr < 3; pr++) {
+            char key[64];
+            snprintf(key, sizeof key, "prompt%d.tokens", pr);
+            std::vector<int32_t> tok = ints(vec, key);
+            snprintf(key, sizeof key, "prompt%d.greedy", pr);
+            std::vector<int32_t> greedy = ints(vec, key);
+            const int32_t n = (int32_t)tok.size();
+            if (n < 2 || greedy.empty()) continue;
+            std::vector<kd_batch_row> rows(3);
+            std::vector<int32_t> btok;
+            for (int i = 0; i < 3; i++) {
+                memset(&rows[i], 0, sizeof rows[i]);
+                rows[i].slot = i, rows[i].n_tokens = n - 1, rows[i].kind = KD_ROW_PREFILL;
+                btok.insert(btok.end(), tok.begin(), tok.end() - 1);
+                ok = ok && kd_backend_reset_slot(g, i, &err) == 0;
+            }
+            kd_batch b;
+            b.n_rows = 3, b.rows = rows.data(), b.tokens = btok.data();
+            ok = ok && kd_backend_forward(g, &b, nullptr, &err) == 0;
+            int32_t x[3] = {tok[n - 1], tok[n - 1], tok[n - 1]}, agree[3] = {0, 0, 0};
+            kd_sample_params p[3];
+            memset(p, 0, sizeof p);
+            for (auto &q : p) q.top_p = 1;
+            double uni[12] = {0};
+            for (size_t i = 0; i < greedy.size() && ok; i++) {
+                for (int j = 0; j < 3; j++) {
+                    memset(&rows[j], 0, sizeof rows[j]);
+                    rows[j].slot = j, rows[j].n_tokens = 1, rows[j].kind = KD_ROW_VERIFY, rows[j].logits = KD_LOGITS_ALL;
+                    rows[j].fold = i > 0 ? 1 : 0;
+                }
+                b.tokens = x;
+                int32_t t[12], a[3], u[3];
+                ok = kd_backend_forward_sample(g, &b, p, uni, t, a, u, &err) == 0;
+                for (int j = 0; j < 3 && ok; j++) {
+                    x[j] = t[j * 4];
+                    agree[j] += x[j] == greedy[i];
+                }
+            }
+            report(ok && agree[0] == (int32_t)greedy.size() && agree[1] == agree[0] && agree[2] == agree[0],
+                   "%s prompt%d: greedy %d/%d/%d of %zu tokens exact through graph replays%s%s", lab, pr, agree[0],
+                   agree[1], agree[2], greedy.size(), ok ? "" : ": ", ok ? "" : err.msg);
+        }
+        int64_t cap = 0, rep = 0;
+        kd_cuda_graph_stats(g, &cap, &rep);
+        report(cap >= 1 && rep > 0, "%s graphs captured %lld, replays %lld", lab, (long long)cap, (long long)rep);
+    }
+    kd_backend_free(g);
+    if (vec) kd_st_close(vec);
+    kd_model_close(m);
+}
+
+// ------------------------------------------------------------------ engine GPU == CPU
+
+struct EngineLog {
+    std::map<uint64_t, std::vector<int32_t>> toks;
+    std::map<uint64_t, int> finish;
+};
+
+static void engine_event(void *ctx, const kd_event *ev) {
+    EngineLog *l = (EngineLog *)ctx;
+    std::vector<int32_t> &v = l->toks[ev->id];
+    v.insert(v.end(), ev->tokens, ev->tokens + ev->n_tokens);
+    if (ev->finish != KD_FINISH_NONE) l->finish[ev->id] = ev->finish;
+}
+
+static void engine_case(const Spec &s, kd_commit_mode mode, int prefix, uint64_t seed, int steps) {
+    char lab[128];
+    snprintf(lab, sizeof lab, "[engine %s %s%s]", s.name, kd_commit_mode_name(mode), prefix ? " +prefix cache" : "");
+    RandModel m;
+    build_model(m, s, seed);
+    kd_err err;
+    kd_backend *be[2] = {kd_cpu_backend_create(0, &err), kd_cuda_backend_create(0, &err)};
+    bool ok = be[0] && be[1] && kd_backend_load(be[0], &m.c, &m.w, &err) == 0 &&
+              kd_backend_load(be[1], &m.c, &m.w, &err) == 0;
+    kd_engine_config cfg;
+    kd_engine_config_defaults(&cfg);
+    cfg.max_seqs = 6, cfg.max_queue = 8, cfg.max_spec = 3, cfg.max_batch_tokens = 6 * 4 + 1 + 40;
+    cfg.max_model_len = 512, cfg.commit = mode;
+    if (prefix) cfg.prefix_block = 16, cfg.prefix_cache_bytes = 64u << 20;
+    EngineLog log[2];
+    kd_engine *e[2] = {nullptr, nullptr};
+    for (int i = 0; i < 2 && ok; i++) ok = (e[i] = kd_engine_create(be[i], 1234, &cfg, engine_event, &log[i], &err)) != nullptr;
+    if (!report(ok, "%s engines on cpu and gpu%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) goto done;
+    {
+        Rng r(seed * 3 + 1);
+        uint64_t next_id = 1;
+        std::vector<uint64_t> live;
+        int64_t submitted = 0, aborted = 0;
+        for (int step = 0; step < steps && ok; step++) {
+            const int arrivals = step < steps - 40 ? r.uni(3) == 0 ? 1 + r.uni(3) : 0 : 0;
+            for (int a = 0; a < arrivals; a++) {
+                std::vector<int32_t> prompt;
+                const int n = 2 + r.uni(60), period = 1 + r.uni(9);
+                std::vector<int32_t> pat(period);
+                for (auto &x : pat) x = r.uni(s.vocab);
+                for (int i = 0; i < n; i++) prompt.push_back(r.uni(5) ? pat[i % period] : r.uni(s.vocab));
+                int32_t stop = r.uni(s.vocab);
+                kd_request_params p;
+                memset(&p, 0, sizeof p);
+                p.id = next_id++, p.prompt = prompt.data(), p.n_prompt = n, p.max_tokens = 1 + r.uni(48);
+                p.sampling.temperature = r.uni(2) ? 0 : 0.5 + r.u01();
+                p.sampling.top_k = r.uni(3) ? 0 : 1 + r.uni(30);
+                p.sampling.top_p = r.uni(3) ? 1 : 0.85;
+                p.sampling.seed = r.next();
+                p.spec_tokens = r.uni(4);
+                const int d = r.uni(4);
+                p.draft = p.spec_tokens == 0 ? KD_DRAFT_NONE : d < 2 ? KD_DRAFT_NGRAM : d == 2 ? KD_DRAFT_CALLER : KD_DRAFT_NONE;
+                if (p.draft == KD_DRAFT_NONE) p.spec_tokens = 0;
+                p.eos_id = -1;
+                if (r.uni(4) == 0) p.stop_ids = &stop, p.n_stop = 1;
+                kd_submit_status st[2];
+                for (int i = 0; i < 2; i++) st[i] = kd_engine_submit(e[i], &p, &err);
+                if (st[0] != st[1]) {
+                    ok = report(false, "%s step %d: submit answered %d on cpu, %d on gpu", lab, step, st[0], st[1]);
+                    break;
+                }
+                if (st[0] == KD_SUBMIT_OK) live.push_back(p.id), submitted++;
+            }
+            if (!live.empty() && r.uni(25) == 0) {
+                const uint64_t id = live[(size_t)r.uni((int)live.size())];
+                const int a0 = kd_engine_abort(e[0], id), a1 = kd_engine_abort(e[1], id);
+                aborted += a0 == 0;
+                if (a0 != a1) ok = report(false, "%s step %d: abort of %llu answered %d / %d", lab, step, (unsigned long long)id, a0, a1);
+            }
+            for (uint64_t id : live) { // caller drafts (ignored by requests that draft otherwise)
+                int32_t d[3] = {r.uni(s.vocab), r.uni(s.vocab), r.uni(s.vocab)};
+                const int nd = r.uni(4);
+                for (int i = 0; i < 2; i++) kd_engine_set_drafts(e[i], id, d, nd);
+            }
+            int n[2];
+            for (int i = 0; i < 2 && ok; i++) {
+                n[i] = kd_engine_step(e[i], &err);
+                if (n[i] < 0) ok = report(false, "%s step %d: %s step: %s", lab, step, i ? "gpu" : "cpu", err.msg);
+            }
+            if (ok && n[0] != n[1]) ok = report(false, "%s step %d: %d rows on cpu, %d on gpu", lab, step, n[0], n[1]);
+            std::vector<uint64_t> still;
+            for (uint64_t id : live)
+                if (!log[0].finish.count(id)) still.push_back(id);
+            live.swap(still);
+        }
+        for (int i = 0; i < 2 && ok; i++) // drain
+            for (int guard = 0; kd_engine_has_work(e[i]) && guard < 4000 && ok; guard++)
+                if (kd_engine_step(e[i], &err) < 0) ok = report(false, "%s drain: %s", lab, err.msg);
+        int64_t tokens = 0, differ = 0;
+        uint64_t first_bad = 0;
+        for (auto &kv : log[0].toks) {
+            tokens += (int64_t)kv.second.size();
+            const bool same = log[1].toks.count(kv.first) && log[1].toks[kv.first] == kv.second &&
+                              log[1].finish[kv.first] == log[0].finish[kv.first];
+            if (!same && !differ++) first_bad = kv.first;
+        }
+        if (log[1].toks.size() != log[0].toks.size()) differ++;
+        kd_engine_stats st[2];
+        kd_engine_stats_get(e[0], &st[0]);
+        kd_engine_stats_get(e[1], &st[1]);
+        int64_t cap = 0, rep = 0;
+        kd_cuda_graph_stats(be[1], &cap, &rep);
+        report(ok && differ == 0,
+               "%s %lld requests (%lld aborted), %lld tokens, %lld steps: gpu tokens == cpu tokens for every request "
+               "(%lld differ); drafted %lld accepted %lld (gpu %lld/%lld); folds %lld, eager commits %lld, flushes %lld; "
+               "gpu graphs captured %lld, replays %lld",
+               lab, (long long)submitted, (long long)aborted, (long long)tokens, (long long)st[0].steps, (long long)differ,
+               (long long)st[0].drafted, (long long)st[0].accepted, (long long)st[1].drafted, (long long)st[1].accepted,
+               (long long)st[0].folds, (long long)st[0].eager_commits, (long long)st[0].flushes, (long long)cap,
+               (long long)rep);
+        if (differ && log[1].toks.count(first_bad)) {
+            const std::vector<int32_t> &x = log[0].toks[first_bad], &y = log[1].toks[first_bad];
+            size_t at = 0;
+            while (at < x.size() && at < y.size() && x[at] == y[at]) at++;
+            note("first differing request %llu: %zu tokens cpu, %zu gpu, first difference at %zu",
+                 (unsigned long long)first_bad, x.size(), y.size(), at);
+        }
+    }
+done:
+    for (int i = 0; i < 2; i++) kd_engine_free(e[i]);
+    for (int i = 0; i < 2; i++) kd_backend_free(be[i]);
+}
+
 // ------------------------------------------------------------------------------ main
 
 int main(int argc, char **argv) {
@@ -677,11 +1132,17 @@ int main(int argc, char **argv) {
                 if (quick && (bf || i >= 3)) continue;
                 random_case(specs[i], bf, mode, seed + 1000 * i, quick ? 4 : (bf ? 8 : 14));
             }
+    sampling_case(257, seed + 11, quick ? 2 : 12);
+    sampling_case(163840, seed + 12, quick ? 1 : 3);
+    graph_case(specs[0], seed + 21, quick ? 10 : 40);
+    if (!quick) graph_case(specs[1], seed + 22, 30);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);
             oracle_case(argv[1], name, 1, KD_COMMIT_DEFERRED, true);
+            oracle_graph_case(argv[1], name);
         }
+        for (kd_commit_mode mode : modes) engine_case(specs[0], mode, mode == KD_COMMIT_EAGER, seed + 31, 400);
     }
     if (g_failed) {
         printf("CUDA CHECKS FAILED: %d of %d checks\n", g_failed, g_checks);

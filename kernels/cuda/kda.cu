@@ -1,10 +1,17 @@
 // kda.cu: the decode-time KDA kernels (see kda.cuh for the layouts, tiling and bytes).
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "kernels/cuda/kda.cuh"
 
 namespace {
+
+// Elements between two slots' states in a layer's state array (the backend keeps each slot's
+// whole state contiguous, layer after layer; 0 means packed [slots][HV][K][V]).
+__device__ __forceinline__ size_t kda_sstride(const kd_kda_args &a) {
+    return a.slot_stride ? (size_t)a.slot_stride : (size_t)a.HV * a.K * a.V;
+}
 
 constexpr int kThreads = 128;
 
@@ -113,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     float *sv = fd + Tw * KP, *su = sv + T * CB, *sb = su + Tw * CB; // v [T][CB], u [F][CB], beta [T]
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
     // the state first: its loads are in flight while the block stages the rest
-    float *S = a.state + (slot * a.HV + h) * hkv;
+    float *S = a.state + slot * kda_sstride(a) + h * hkv;
     const float *src = S;
     if (STORE_ALL && F > 0) src = a.stored + ((slot * Tw + (F - 1)) * a.HV + h) * hkv;
     float st[KR][NC];
@@ -231,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) verify_wy_kernel(const kd_kda_args a
     float *sv = cpF + KP, *su = sv + T * CB, *sb = su + Tw * CB, *M = sb + 16, *N = M + 16 * 16;
     float *P1 = N + 16 * 16, *P2 = P1 + T * CB, *U = P2 + T * CB;
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
-    float *S = a.state + (slot * a.HV + h) * hkv;
+    float *S = a.state + slot * kda_sstride(a) + h * hkv;
     float st[KR][NC];
     load_tile<KR, NC>(st, S, r0, j, V, live); // in flight while the block stages the rest
     for (int i = threadIdx.x; i < T * K; i += kThreads) {
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(kThreads) commit_kernel(const kd_kda_args a) {
     const bool live = j < V;
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
     float *fk = smem, *fd = fk + Tw * KP, *su = fd + Tw * KP;
-    float *S = a.state + (slot * a.HV + h) * hkv;
+    float *S = a.state + slot * kda_sstride(a) + h * hkv;
     float st[KR][NC];
     load_tile<KR, NC>(st, S, r0, j, V, live);
     for (int i = threadIdx.x; i < n * CB; i += kThreads) {
@@ -421,7 +428,7 @@ __global__ void commit_store_all_kernel(const kd_kda_args a) {
     const size_t hkv = (size_t)a.K * a.V, per = (size_t)a.HV * hkv, slot = (size_t)row.slot;
     const float *last = a.stored + (slot * a.Tw + (row.len - 1)) * per;
     const float *snap = row.snap_at ? a.stored + (slot * a.Tw + (row.snap_at - 1)) * per : nullptr;
-    float *S = a.state + slot * per;
+    float *S = a.state + slot * kda_sstride(a);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < per; i += (size_t)gridDim.x * blockDim.x) {
         S[i] = last[i];
         if (snap) row.snap[i] = snap[i];
@@ -459,6 +466,410 @@ __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *q,
             const float b = 1.f / (1.f + expf(-braw[n * HV + h]));
             beta[n * HV + h] = neg ? 2.f * b : b;
         }
+    }
+}
+
+// ------------------------------------------------------------------ tensor-core path
+// The deferred verify and the commit as small matrix products (see kda.cuh): per (row,
+// value head, tile of 16*NW value columns), the head's state is held transposed, S^T (V x K),
+// in the accumulator layout of mma.m16n8k8 (warp w: value rows [16w, 16w+16); lane (g, q)
+// holds rows v = 2g, 2g+1 and key channels 8kt + 2q, 8kt + 2q + 1 of every 8-channel tile kt).
+// That layout is also the A-operand layout of the next product once the key channels of a
+// tile are read in the order (2q, 2q+1) -> (q, q+4): the contraction order is free, so the
+// B operand is read with the same permutation and no data moves between the two products.
+//   fold:    S_F^T = S0^T diag(cp) + U^T Wf        (V x F) (F x K): m16 n8 k8 per 8 records
+//   window:  P^T   = S_F^T [B o K; B o Q]^T         (V x K) (K x 2T): m16 n8 k8, 2T <= 16
+// fp32 accuracy with 3xTF32: x = hi + lo (hi rounded to tf32, lo = x - hi exact in fp32),
+// x y ~ hi_x hi_y + hi_x lo_y + lo_x hi_y; the dropped lo_x lo_y and the truncation of lo
+// are ~2^-21 relative per product.
+
+__device__ __forceinline__ uint32_t tf32_hi(float x) { // round to nearest, ties away, to tf32
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct frag_a { // an A operand split into its tf32 high and low parts
+    uint32_t h[4], l[4];
+    __device__ __forceinline__ void set(float a0, float a1, float a2, float a3) {
+        const float x[4] = {a0, a1, a2, a3};
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = tf32_hi(x[i]), l[i] = __float_as_uint(x[i] - __uint_as_float(h[i]));
+    }
+};
+
+// d += a b, 3xTF32; b given as (hi0, hi1, lo0, lo1)
+__device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, uint32_t bh0, uint32_t bh1, uint32_t bl0,
+                                     uint32_t bl1) {
+    mma_tf32(d, a.l[0], a.l[1], a.l[2], a.l[3], bh0, bh1);
+    mma_tf32(d, a.h[0], a.h[1], a.h[2], a.h[3], bl0, bl1);
+    mma_tf32(d, a.h[0], a.h[1], a.h[2], a.h[3], bh0, bh1);
+}
+
+__device__ __forceinline__ void put_split(float *hi, float *lo, int i, float x) {
+    const float h = __uint_as_float(tf32_hi(x));
+    hi[i] = h, lo[i] = __uint_as_float(tf32_hi(x - h));
+}
+
+// The lane's 2 x 8kt.. state values of one head, [kt][c-fragment], from / to [K][V].
+template <int KT>
+__device__ __forceinline__ void tc_load(float (&s)[KT][4], const float *S, int V, int va, int q, bool live) {
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        const float *p = S + (size_t)(kt * 8 + 2 * q) * V + va;
+        const float2 x = live ? *(const float2 *)p : make_float2(0.f, 0.f);
+        const float2 y = live ? *(const float2 *)(p + V) : make_float2(0.f, 0.f);
+        s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
+    }
+}
+template <int KT>
+__device__ __forceinline__ void tc_store(const float (&s)[KT][4], float *S, int V, int va, int q) {
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        float *p = S + (size_t)(kt * 8 + 2 * q) * V + va;
+        *(float2 *)p = make_float2(s[kt][0], s[kt][2]);
+        *(float2 *)(p + V) = make_float2(s[kt][1], s[kt][3]);
+    }
+}
+
+// Asynchronous copies global -> shared (all of a block's staging in flight at once, with
+// the state's loads; no registers held): 16 bytes when both ends allow it, else 4.
+__device__ __forceinline__ void cp_async4(float *dst, const float *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// n floats, dst 16-byte aligned
+__device__ __forceinline__ void fetch(float *dst, const float *src, int n) {
+    if ((((uintptr_t)src) & 15) == 0 && (n & 3) == 0)
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) cp_async16(dst + 4 * i, src + 4 * i);
+    else
+        for (int i = threadIdx.x; i < n; i += blockDim.x) cp_async4(dst + i, src + i);
+}
+
+// The fold's records t < n of one head: raw key (kr) and raw gate (gr), [t][K], and the
+// gate's dt_bias, fetched into shared memory (asynchronously: cp_async_wait + barrier).
+template <int K>
+__device__ __forceinline__ void tc_fetch_records(const kd_kda_args &a, const float *kg, int h, int n, float *kr,
+                                                 float *gr, float *dtb) {
+    for (int t = 0; t < n; t++) {
+        const float *rk = kg + ((size_t)t * a.HV + h) * 2 * K;
+        fetch(kr + t * K, rk, K);
+        fetch(gr + t * K, rk + K, K);
+    }
+    fetch(dtb, a.dt_bias + (size_t)h * K, K);
+}
+
+// 1 / |k_t| of the staged raw keys (a warp per record), into inv[t].
+template <int K>
+__device__ __forceinline__ void tc_record_norms(const float *kr, int n, float *inv) {
+    const int nw = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int t = warp; t < n; t += nw) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < K / 32; e++) ss += kr[t * K + lane + 32 * e] * kr[t * K + lane + 32 * e];
+#pragma unroll
+        for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        if (lane == 0) inv[t] = rsqrtf(ss + 1e-6f);
+    }
+}
+
+// The decays of channel c's records t < n: fd[t] (in place over the raw gate).
+template <int K>
+__device__ __forceinline__ void tc_record_decays(const kd_kda_args &a, float A, int c, int n, float *gr,
+                                                 const float *dtb) {
+    for (int t = 0; t < n; t++)
+        gr[t * K + c] = expf(gatef_(gr[t * K + c] + dtb[c], A, a.use_lower_bound, a.lower_bound));
+}
+
+// Fold weights of channel c for the first n records: wf_t = k_t prod_{t<s<n} d_s (k_t =
+// raw key times inv[t]; split,
+// rows n..FR-1 zero); returns prod_{s<n} d_s.
+template <int K>
+__device__ __forceinline__ float tc_fold_weights(int c, int n, int FR, const float *kr, const float *inv,
+                                                 const float *fd, float *wh, float *wl) {
+    constexpr int KP = K + 8;
+    float p = 1.f;
+    for (int t = FR - 1; t >= 0; t--) {
+        float w = 0.f;
+        if (t < n) w = kr[t * K + c] * inv[t] * p, p *= fd[t * K + c];
+        put_split(wh, wl, t * KP + c, w);
+    }
+    return p;
+}
+
+// s (the lane's S0^T tile) <- S0^T diag(cp) + U^T Wf, U's fragments in u[ft] (records 8ft..).
+template <int K>
+__device__ __forceinline__ void tc_fold(float (&s)[K / 8][4], const float *cp, const frag_a (&u)[2], int nft,
+                                        const float *wh, const float *wl, int g, int q, int KP) {
+    constexpr int KT = K / 8;
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        const float2 c = *(const float2 *)(cp + kt * 8 + 2 * q);
+        s[kt][0] *= c.x, s[kt][1] *= c.y, s[kt][2] *= c.x, s[kt][3] *= c.y;
+    }
+#pragma unroll
+    for (int ft = 0; ft < 2; ft++) {
+        if (ft >= nft) break;
+        const int r0 = (ft * 8 + q) * KP, r1 = r0 + 4 * KP;
+#pragma unroll
+        for (int kt = 0; kt < KT; kt++) {
+            const int c = kt * 8 + g;
+            mma3(s[kt], u[ft], __float_as_uint(wh[r0 + c]), __float_as_uint(wh[r1 + c]), __float_as_uint(wl[r0 + c]),
+                 __float_as_uint(wl[r1 + c]));
+        }
+    }
+}
+
+// U^T fragments of records t < n (A operand: rows v = va, va + 1; columns t), 0 elsewhere.
+__device__ __forceinline__ void tc_load_u(frag_a (&u)[2], const kd_kda_args &a, size_t slot, int h, int n, int va,
+                                          int q, bool live) {
+#pragma unroll
+    for (int ft = 0; ft < 2; ft++) {
+        const int t0 = ft * 8 + q, t1 = t0 + 4;
+        float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
+        if (live && t0 < n) x = *(const float2 *)(a.rec_u + ((slot * a.Tw + t0) * a.HV + h) * a.V + va);
+        if (live && t1 < n) y = *(const float2 *)(a.rec_u + ((slot * a.Tw + t1) * a.HV + h) * a.V + va);
+        u[ft].set(x.x, x.y, y.x, y.y);
+    }
+}
+
+// Shared memory of the tensor-core verify, in floats (see verify_tc_kernel).
+__host__ __device__ constexpr int tc_verify_smem(int K, int NW, int NT, int FR) {
+    return (2 * FR * K + 24 * K > NW * 16 * 17 ? 2 * FR * K + 24 * K : NW * 16 * 17) + 2 * FR * (K + 8) +
+           2 * NT * 8 * (K + 8) + K + 128 + 8 * NW * 16 + 8 + K + 16;
+}
+
+// The deferred verify on tensor cores. Block: NW warps, 16 value columns each, of one
+// (row, value head). Phases: (0) the state tile and the fold's corrections into registers;
+// (1) records, the window's q, k, decay, v, beta into shared memory; (2) per key channel
+// the fold weights and the window's decayed keys / queries (split hi/lo), and the T x T
+// matrices M, N; (3) fold (mma), checkpoint store, window products (mma) into P;
+// (4) per value column the triangular solve: u and o.
+template <int K, int NW, int NT, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_args a) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int KT = K / 8, KP = K + 8, CB = NW * 16, NTH = NW * 32;
+    const kd_kda_row row = a.rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
+    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int va = blockIdx.x * CB + warp * 16 + 2 * g;
+    const bool live = va < V; // V is even
+    const size_t slot = (size_t)row.slot;
+    float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
+    float *fk = smem, *fd = fk + FR * K, *wk = fd + FR * K, *wq = wk + 8 * K, *wd = wq + 8 * K;
+    float *P = smem; // [CB][17], phases 3-4, over the staging area of phases 1-2
+    float *wfh = smem + (2 * FR * K + 24 * K > CB * 17 ? 2 * FR * K + 24 * K : CB * 17), *wfl = wfh + FR * KP;
+    float *awh = wfl + FR * KP, *awl = awh + NT * 8 * KP, *cpF = awl + NT * 8 * KP, *M = cpF + K, *N = M + 64;
+    float *sv = N + 64, *sb = sv + 8 * CB, *dtb = sb + 8, *inv = dtb + K;
+    // (0)
+    float s[KT][4];
+    tc_load<KT>(s, S, V, va, q, live);
+    frag_a u[2];
+    tc_load_u(u, a, slot, h, F, va, q, live);
+    // (1) every staging copy in flight at once
+    const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
+    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+    tc_fetch_records<K>(a, kg_old, h, F, fk, fd, dtb);
+    for (int t = 0; t < T; t++) {
+        const size_t n = (size_t)row.start + t;
+        fetch(wk + t * K, a.kn + (n * a.H + hk) * K, K);
+        fetch(wq + t * K, a.qn + (n * a.H + hk) * K, K);
+        fetch(wd + t * K, a.decay + (n * a.HV + h) * K, K);
+    }
+    for (int i = tid; i < T * CB; i += NTH) {
+        const int t = i / CB, j = blockIdx.x * CB + i % CB;
+        if (j < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j);
+        else sv[i] = 0.f;
+    }
+    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    const float A = expf(a.A_log[h]);
+    cp_async_wait();
+    __syncthreads();
+    // (2) the records' norms and the window's T x T matrices (a warp per record / per 4
+    // pairs r <= t, reductions interleaved), then per key channel the decays, the fold
+    // weights and the window's decayed keys / queries
+    tc_record_norms<K>(fk, F, inv);
+    for (int p0 = warp * 4; p0 < T * (T + 1) / 2; p0 += NW * 4) {
+        float m[4], nn[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            m[i] = nn[i] = 0.f;
+            const int pr = p0 + i;
+            if (pr >= T * (T + 1) / 2) continue;
+            int t = 0;
+            while ((t + 1) * (t + 2) / 2 <= pr) t++;
+            const int r = pr - t * (t + 1) / 2;
+#pragma unroll
+            for (int e = 0; e < K / 32; e++) {
+                const int c = lane + 32 * e;
+                float w = wk[r * K + c];
+                for (int x = r + 1; x <= t; x++) w *= wd[x * K + c];
+                m[i] += wk[t * K + c] * w, nn[i] += wq[t * K + c] * w;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o >= 1; o /= 2)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                m[i] += __shfl_xor_sync(0xffffffffu, m[i], o), nn[i] += __shfl_xor_sync(0xffffffffu, nn[i], o);
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int pr = p0 + i;
+                if (pr >= T * (T + 1) / 2) break;
+                int t = 0;
+                while ((t + 1) * (t + 2) / 2 <= pr) t++;
+                const int r = pr - t * (t + 1) / 2;
+                M[t * 8 + r] = t > r ? m[i] : 0.f, N[t * 8 + r] = nn[i];
+            }
+    }
+    __syncthreads();
+    for (int c = tid; c < K; c += NTH) {
+        tc_record_decays<K>(a, A, c, F, fd, dtb);
+        cpF[c] = tc_fold_weights<K>(c, F, FR, fk, inv, fd, wfh, wfl);
+        float p = 1.f;
+        for (int t = 0; t < T; t++) {
+            p *= wd[t * K + c];
+            put_split(awh, awl, t * KP + c, wk[t * K + c] * p);
+            put_split(awh, awl, (T + t) * KP + c, wq[t * K + c] * p);
+        }
+        for (int r = 2 * T; r < NT * 8; r++) awh[r * KP + c] = awl[r * KP + c] = 0.f;
+    }
+    __syncthreads();
+    // (3) the fold and the checkpoint, written once
+    if (F > 0) {
+        tc_fold<K>(s, cpF, u, (F + 7) / 8, wfh, wfl, g, q, KP);
+        if (live) tc_store<KT>(s, S, V, va, q);
+    }
+    // the window: P^T = S_F^T A^T, two accumulators per n tile (even / odd kt), hi*hi and
+    // the low-order terms apart
+    float acc[4][NT][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        frag_a x;
+        x.set(s[kt][0], s[kt][2], s[kt][1], s[kt][3]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int o = (nt * 8 + g) * KP + kt * 8 + 2 * q;
+            const float2 bh = *(const float2 *)(awh + o), bl = *(const float2 *)(awl + o);
+            float(&big)[4] = acc[(kt & 1) * 2][nt], (&small)[4] = acc[(kt & 1) * 2 + 1][nt];
+            mma_tf32(small, x.l[0], x.l[1], x.l[2], x.l[3], __float_as_uint(bh.x), __float_as_uint(bh.y));
+            mma_tf32(small, x.h[0], x.h[1], x.h[2], x.h[3], __float_as_uint(bl.x), __float_as_uint(bl.y));
+            mma_tf32(big, x.h[0], x.h[1], x.h[2], x.h[3], __float_as_uint(bh.x), __float_as_uint(bh.y));
+        }
+    }
+    {
+        const int vl = warp * 16 + 2 * g;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float r[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) r[i] = (acc[0][nt][i] + acc[2][nt][i]) + (acc[1][nt][i] + acc[3][nt][i]);
+            const int n0 = nt * 8 + 2 * q;
+            P[vl * 17 + n0] = r[0], P[vl * 17 + n0 + 1] = r[1];
+            P[(vl + 1) * 17 + n0] = r[2], P[(vl + 1) * 17 + n0 + 1] = r[3];
+        }
+    }
+    __syncthreads();
+    // the window's raw key and gate (the new records), this block's share: loads issued
+    // before the solve, stores after it (one round trip, not one per element)
+    constexpr int PER = (8 * K + NTH - 1) / NTH;
+    float kv[PER], gv[PER];
+    const int rs = NTH * gridDim.x, ri = blockIdx.x * NTH + tid;
+#pragma unroll
+    for (int it = 0; it < PER; it++) {
+        const int i = ri + it * rs, t = i / K, c = i % K;
+        const size_t n = (size_t)row.start + t;
+        if (i < T * K) kv[it] = a.kraw[(n * a.H + hk) * K + c], gv[it] = a.graw[(n * a.HV + h) * K + c];
+    }
+    // (4) per value column: u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r
+    if (tid < CB) {
+        const int j = blockIdx.x * CB + tid;
+        if (j < V) {
+            float U[8];
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                if (t < T) {
+                    float x = sv[t * CB + tid] - P[tid * 17 + t];
+#pragma unroll
+                    for (int r = 0; r < t; r++) x -= M[t * 8 + r] * U[r];
+                    U[t] = sb[t] * x;
+                    float o = P[tid * 17 + T + t];
+#pragma unroll
+                    for (int r = 0; r <= t; r++) o += N[t * 8 + r] * U[r];
+                    const size_t n = (size_t)row.start + t;
+                    a.o[(n * a.HV + h) * V + j] = o;
+                    a.rec_u[((slot * Tw + t) * a.HV + h) * V + j] = U[t];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < PER; it++) {
+        const int i = ri + it * rs, t = i / K, c = i % K;
+        if (i < T * K) {
+            float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+            r[c] = kv[it], r[K + c] = gv[it];
+        }
+    }
+}
+
+__host__ __device__ constexpr int tc_commit_smem(int K, int FR) { return 2 * FR * K + 4 * FR * (K + 8) + 3 * K + 16; }
+
+// The commit on tensor cores: S_n^T = S0^T diag(cp_n) + U^T Wf_n, and the snapshot the same
+// way with the weights of its first snap_at records, tile by tile. Block as verify_tc_kernel.
+template <int K, int NW>
+__global__ void __launch_bounds__(NW * 32) commit_tc_kernel(const kd_kda_args a) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int KT = K / 8, KP = K + 8, CB = NW * 16, NTH = NW * 32;
+    const kd_kda_row row = a.rows[blockIdx.z];
+    const int h = blockIdx.y, V = a.V, Tw = a.Tw, n = row.len, m = row.snap_at <= row.len ? row.snap_at : 0;
+    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int va = blockIdx.x * CB + warp * 16 + 2 * g;
+    const bool live = va < V;
+    const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
+    float *S = a.state + slot * kda_sstride(a) + h * hkv, *snap = m > 0 ? row.snap + (size_t)h * hkv : nullptr;
+    float *fk = smem, *fd = fk + FR * K, *wh = fd + FR * K, *wl = wh + FR * KP, *mh = wl + FR * KP, *ml = mh + FR * KP;
+    float *cpn = ml + FR * KP, *cpm = cpn + K, *dtb = cpm + K, *inv = dtb + K;
+    float s[KT][4];
+    tc_load<KT>(s, S, V, va, q, live);
+    frag_a u[2];
+    tc_load_u(u, a, slot, h, n, va, q, live);
+    tc_fetch_records<K>(a, a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K, h, n, fk, fd, dtb);
+    const float A = expf(a.A_log[h]);
+    cp_async_wait();
+    __syncthreads();
+    tc_record_norms<K>(fk, n, inv);
+    __syncthreads();
+    for (int c = tid; c < K; c += NTH) {
+        tc_record_decays<K>(a, A, c, n, fd, dtb);
+        cpn[c] = tc_fold_weights<K>(c, n, FR, fk, inv, fd, wh, wl);
+        if (m > 0) cpm[c] = tc_fold_weights<K>(c, m, FR, fk, inv, fd, mh, ml);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        if (m > 0) {
+            float x[1][4] = {{s[kt][0], s[kt][1], s[kt][2], s[kt][3]}};
+            tc_fold<8>(x, cpm + kt * 8, u, (m + 7) / 8, mh + kt * 8, ml + kt * 8, g, q, KP);
+            if (live) tc_store<1>(x, snap + (size_t)kt * 8 * V, V, va, q);
+        }
+        float y[1][4] = {{s[kt][0], s[kt][1], s[kt][2], s[kt][3]}};
+        tc_fold<8>(y, cpn + kt * 8, u, (n + 7) / 8, wh + kt * 8, wl + kt * 8, g, q, KP);
+        if (live) tc_store<1>(y, S + (size_t)kt * 8 * V, V, va, q);
     }
 }
 
@@ -505,8 +916,67 @@ int g_force_r; /* tests and benchmarks: force a shape (0: choose) */
  * traffic low and is the choice when the grid is large; "narrow" (1 column per lane, R as
  * small as registers allow) makes more blocks when the batch is small. g_force_r: 2, 4, 8
  * narrow with that R; 16: wide. */
+int g_tc = 1, g_tc_warps; /* the tensor-core path (default) and its warps per block (0: choose) */
+
+bool tc_ok(const kd_kda_args *a, int max_len) {
+    if (!g_tc || g_force_r || g_closed_form || a->V % 2 || max_len > 8 || (a->K != 32 && a->K != 64 && a->K != 128))
+        return false;
+    if (g_tc_warps || g_tc == 2) return true; /* forced (tests, benchmarks) */
+    /* The default, from the H200 measurements (tests/bench/results/kda_h200.md): tensor cores
+     * for windows of up to 4 tokens when the grid has at least two 4-warp blocks per SM (B >= 8
+     * at HV = 32); the CUDA-core kernels at B = 1 and for longer windows, where they measured
+     * faster. Commits: tensor cores always (faster at every measured size). */
+    return max_len == 0 || (max_len <= 4 && (long)a->n_rows * a->HV * ((a->V + 63) / 64) >= 264);
+}
+
+/* Warps per block (16 value columns each): 4 (measured fastest at every batch size). */
+int tc_warps(const kd_kda_args *a) {
+    (void)a;
+    return g_tc_warps ? g_tc_warps : 4;
+}
+
+template <int K, int NW, int NT, int MINB = 1>
+cudaError_t launch_verify_tc(const kd_kda_args *a, cudaStream_t s) {
+    const size_t sm = (size_t)tc_verify_smem(K, NW, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    auto f = verify_tc_kernel<K, NW, NT, MINB>;
+    if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    f<<<dim3((a->V + NW * 16 - 1) / (NW * 16), a->HV, a->n_rows), NW * 32, sm, s>>>(*a);
+    return cudaGetLastError();
+}
+
+template <int K, int NW>
+cudaError_t launch_commit_tc(const kd_kda_args *a, cudaStream_t s) {
+    const size_t sm = (size_t)tc_commit_smem(K, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    auto f = commit_tc_kernel<K, NW>;
+    if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    f<<<dim3((a->V + NW * 16 - 1) / (NW * 16), a->HV, a->n_rows), NW * 32, sm, s>>>(*a);
+    return cudaGetLastError();
+}
+
+template <int K>
+int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) {
+#define KD_TC(NW)                                                                                             \
+    return (int)(commit ? launch_commit_tc<K, NW>(a, s)                                                       \
+                        : max_len > 4 ? launch_verify_tc<K, NW, 2>(a, s) : launch_verify_tc<K, NW, 1>(a, s))
+    const int nw = tc_warps(a);
+    if (nw == 4 && g_tc == 1 && !commit) /* 4 warps, registers capped for 4 blocks per SM (measured faster) */
+        return (int)(max_len > 4 ? launch_verify_tc<K, 4, 2, 4>(a, s) : launch_verify_tc<K, 4, 1, 4>(a, s));
+    switch (nw) {
+    case 1: KD_TC(1);
+    case 2: KD_TC(2);
+    case 8: KD_TC(8);
+    default: KD_TC(4);
+    }
+#undef KD_TC
+}
+
 template <bool COMMIT>
 int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s) {
+    if ((COMMIT || mode == KD_KDA_DEFERRED) && tc_ok(a, COMMIT ? 0 : max_len)) {
+        if (a->K == 128) return dispatch_tc<128>(a, COMMIT, max_len, s);
+        if (a->K == 64) return dispatch_tc<64>(a, COMMIT, max_len, s);
+        return dispatch_tc<32>(a, COMMIT, max_len, s);
+    }
     const long narrow_blocks = (long)a->n_rows * a->HV * ((a->V + 31) / 32);
     int r = g_force_r;
     if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : 4);
@@ -527,6 +997,7 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
 
 extern "C" void kd_kda_force_r(int r) { g_force_r = r; }
 extern "C" void kd_kda_closed_form(int on) { g_closed_form = on; }
+extern "C" void kd_kda_tensor_cores(int on, int warps) { g_tc = on, g_tc_warps = warps; }
 
 extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream) {
     if (a->n_rows == 0) return 0;

@@ -7,20 +7,40 @@
 // key/gate kg [2][Tw][HV][2K] fp32 (two buffers, alternating); store-all keeps states
 // [Tw][HV][K][V] instead.
 //
-// Tiling and launch shape. One block of 128 threads per (row, value head, tile of value
-// columns). Each value column j of a head evolves independently (u_j needs only column j),
-// so a column is owned by R adjacent lanes, each holding K/R of its K rows in registers:
-// S^T k and S^T q are sums over a column's rows, done in registers then over R lanes with
-// shuffles: no shared-memory reductions, no block barriers inside the token loop. A block
-// covers 128/R columns; R (1, 2, 4) is chosen so that the grid fills the chip (R = 4 at
-// small batch: 4x more blocks; R = 1 at large batch: fewer shuffles). Loads and stores of
-// S are coalesced along V (lanes of one row index cover consecutive columns).
+// Default path: tensor cores (kda.cu, verify_tc_kernel / commit_tc_kernel). The records
+// make the window affine in the folded checkpoint S_F (KDA.md §4), so per (row, value head)
+// the step is two small matrix products against the K x V state plus O(T^2) per column:
+//   fold:    S_F^T = S0^T diag(cp) + U^T Wf        Wf_t = k_t o prod_{t<s<F} d_s   (F <= 16)
+//   window:  P^T   = S_F^T [b_t o k_t ; b_t o q_t]^T   b_t = prod_{s<=t} d_s        (2T <= 16)
+//   u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r),  o_t = P_{T+t} + sum_{r<=t} N_tr u_r
+// (M_tr = sum_c k_t k_r prod_{r<s<=t} d_s, N_tr likewise with q_t), so the window never
+// updates the state. Both products run as mma.m16n8k8 tf32 with a 3xTF32 split (x = hi +
+// lo; hi*hi + hi*lo + lo*hi): fp32-level error (~1e-6 relative; the float64 check passes
+// at <= 8e-7). Tiling: a block of NW = 4 warps (2 when the grid would be small) owns 16*NW
+// value columns of one (row, head); a warp holds its 16 x K slice of S^T in registers in
+// the mma accumulator layout, which is also the A-operand layout of the window product once
+// the contraction order inside each 8-channel tile is permuted (2q, 2q+1 -> q, q+4); the
+// B operand is read with the same permutation, so the fold's output feeds the window
+// product without moving. The O(T^2 K) prologue (decays, fold weights, the decayed keys
+// and queries split hi/lo, M and N) runs once per block from shared memory, staged with
+// asynchronous copies issued together with the state's loads (one round trip).
+// Arithmetic per state element and step on the CUDA cores: ~4 (the checkpoint decay and
+// the hi/lo split) instead of 2F + 4T (24 at T = F = 4) token by token; tensor-core work:
+// 3 x (8 [fold] + 8 or 16 [window]) x 2 flops per element, under 100 us at B = 512.
+//
+// Fallback (kd_kda_tensor_cores(0, 0), kd_kda_force_r, kd_kda_closed_form, windows over 8,
+// odd V, store-all): CUDA-core kernels, token by token. One block of 128 threads per (row,
+// value head, tile of value columns). Each value column j of a head evolves independently (u_j
+// needs only column j), so a column is owned by R adjacent lanes, each holding K/R of its K
+// rows in registers: S^T k and S^T q are sums over a column's rows, done in registers then
+// over R lanes with shuffles. R (1, 2, 4, 8) is chosen so that the grid fills the chip.
 //
 // Bytes per (row, head) and step, K = V = 128: the state is 64 KiB. deferred: read 64 KiB,
 // write 64 KiB (the folded checkpoint), plus records: read pending*(512 B corrections +
-// 1 KiB key/gate), write T*(512 B + 1 KiB): 128 KiB + 3 KiB at T = 4, independent of T but
-// for the records. store-all: read 64 KiB, write T*64 KiB (1 + T states). copy floor of the
-// same state: read 64 KiB + write 64 KiB. So deferred is the copy floor plus ~2.5 %.
+// 1 KiB key/gate), write T*(512 B + 1 KiB), plus the window's q, k, decay, v (L2-resident,
+// read by each of the head's blocks): 128 KiB + ~3-12 KiB, independent of T but for the
+// records. store-all: read 64 KiB, write T*64 KiB (1 + T states). copy floor of the same
+// state: read 64 KiB + write 64 KiB. So deferred is the copy floor plus ~2.5-9 %.
 #ifndef KD_CUDA_KDA_CUH
 #define KD_CUDA_KDA_CUH
 
@@ -47,7 +67,8 @@ typedef struct kd_kda_args {
     int32_t H, HV, K, V, Tw;   // heads, value heads, key dim, value dim, max window
     int32_t n_rows;
     const kd_kda_row *rows;    // device
-    float *state;              // [slots+1][HV][K][V]
+    float *state;              // slot s's [HV][K][V] at state + s * slot_stride
+    int64_t slot_stride;       // elements between slots' states (0: HV*K*V, packed)
     float *rec_u;              // [slots+1][Tw][HV][V]      (deferred, eager)
     float *rec_kg;             // [slots+1][2][Tw][HV][2K]  (deferred, eager)
     float *stored;             // [slots+1][Tw][HV][K][V]   (store-all)
@@ -77,6 +98,11 @@ void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by
 // token (the default).
 void kd_kda_closed_form(int on);
+// Tests and benchmarks: the tensor-core path (1, the default; 2: its 4-warp verify without
+// the register cap (3 blocks per SM instead of 4); 0: the CUDA-core kernels) and its warps
+// per block (1, 2, 4, 8; 0: choose). kd_kda_force_r and kd_kda_closed_form
+// select the CUDA-core kernels too.
+void kd_kda_tensor_cores(int on, int warps);
 // Commits: fold rows[i].len records into the checkpoint (and snapshot), deferred/eager
 // records, or copy stored[len-1] (store-all).
 int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream);

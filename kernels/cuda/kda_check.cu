@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/cuda/kda.cuh"
@@ -101,21 +102,24 @@ static void ref_step(const Shape &s, const std::vector<double> &A_log, const std
 static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     const int H = s.H, HV = s.HV, K = s.K, V = s.V, B = s.B, slots = B + 1;
     const size_t hkv = (size_t)K * V, per = HV * hkv;
+    // odd batches: slots apart by more than a state (the backend keeps a slot's layers
+    // together); the gaps are poisoned and must stay untouched
+    const size_t ss = per + (B % 2 ? 32 : 0);
     std::vector<double> A_log(HV), dt(HV * K);
     for (auto &x : A_log) x = log(1 + 15 * urand());
     for (auto &x : dt) x = -2.3 - 4.6 * urand();
     std::vector<float> A_f(A_log.begin(), A_log.end()), dt_f(dt.begin(), dt.end());
     // states: random non-zero
     std::vector<std::vector<double>> ref(B, std::vector<double>(per));
-    std::vector<float> st0((size_t)slots * per);
+    std::vector<float> st0((size_t)slots * ss, NAN); // the scratch row and the gaps: NaN
     for (int r = 0; r < B; r++)
-        for (size_t i = 0; i < per; i++) st0[r * per + i] = (float)(ref[r][i] = 0.1 * nrand());
-    for (size_t i = (size_t)B * per; i < st0.size(); i++) st0[i] = NAN; // the scratch row
+        for (size_t i = 0; i < per; i++) st0[r * ss + i] = (float)(ref[r][i] = 0.1 * nrand());
     for (int r = 0; r < B; r++)
-        for (size_t i = 0; i < per; i++) ref[r][i] = st0[r * per + i];
+        for (size_t i = 0; i < per; i++) ref[r][i] = st0[r * ss + i];
     kd_kda_args a = {};
     a.H = H, a.HV = HV, a.K = K, a.V = V, a.Tw = Tw;
-    a.state = dalloc<float>(slots * per);
+    a.state = dalloc<float>(slots * ss);
+    a.slot_stride = ss == per ? 0 : (int64_t)ss;
     up(a.state, st0);
     a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
     a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
@@ -133,6 +137,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     std::vector<std::vector<Tok>> last(B);
     std::vector<int> pending(B, 0), parity(B, 0);
     double worst_o = 0, worst_s = 0;
+    size_t gap_touched = 0;
     int bad = 0;
     for (int step = 0; step < steps; step++) {
         // rows in a shuffled order, each with its own window length
@@ -195,7 +200,10 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
             a.n_rows = (int)cr.size();
             CK((cudaError_t)kd_kda_commit(&a, mode, 0));
             CK(cudaDeviceSynchronize());
-            std::vector<float> sg = down(a.state, slots * per), sn = down(snap, cr.size() * per);
+            std::vector<float> sg = down(a.state, slots * ss), sn = down(snap, cr.size() * per);
+            for (int r = 0; r < B; r++)
+                for (size_t i = per; i < ss; i++)
+                    if (!std::isnan(sg[r * ss + i])) gap_touched++;
             for (size_t i = 0; i < cr.size(); i++) {
                 const int r = cr[i].slot;
                 std::vector<double> S = ref[r];
@@ -207,17 +215,17 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
                     }
                 }
                 ref[r] = S;
-                std::vector<float> got(sg.begin() + (size_t)r * per, sg.begin() + (size_t)(r + 1) * per);
+                std::vector<float> got(sg.begin() + (size_t)r * ss, sg.begin() + (size_t)r * ss + per);
                 worst_s = std::max(worst_s, relerr(got, S));
                 pending[r] = 0;
             }
         }
     }
     const double tol = 1e-5;
-    bad = !(worst_o < tol && worst_s < tol);
-    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d: o rel err %.2e, state/snapshot rel err %.2e  %s\n",
-           mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg, worst_o, worst_s,
-           bad ? "FAIL" : "ok");
+    bad = !(worst_o < tol && worst_s < tol) || gap_touched;
+    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s: o rel err %.2e, state/snapshot rel err %.2e%s  %s\n",
+           mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg,
+           ss == per ? "" : " strided", worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
     cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored), cudaFree(dA), cudaFree(ddt);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(b), cudaFree(qn), cudaFree(kn), cudaFree(dec);
     cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
@@ -228,8 +236,22 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 
 struct Res {
     int B, T;
-    double copy_us, def_us, all_us, commit_us;
+    double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us;
 };
+
+// Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
+__global__ void fill_kernel(float *p, size_t n, uint32_t seed, float scale) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i ^ (uint32_t)(i >> 32) * 0x9e3779b9u ^ seed;
+        x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+        p[i] = scale * ((float)(x >> 8) * (2.f / 16777216.f) - 1.f);
+    }
+}
+static void fill(float *p, size_t n, float scale) {
+    static uint32_t seed = 12345;
+    fill_kernel<<<1024, 256>>>(p, n, seed += 0x6d2b79f5u, scale);
+    CK(cudaGetLastError());
+}
 
 static double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {
     cudaEvent_t e0, e1;
@@ -263,21 +285,40 @@ int main(int argc, char **argv) {
     int fails = 0;
     const Shape shapes[] = {{2, 4, 128, 128, 3, 0, 0, 0}, {2, 2, 32, 32, 5, 1, -5.0, 1}, {1, 3, 64, 48, 2, 0, 0, 1},
                             {4, 4, 128, 128, 1, 0, 0, 0}, {2, 4, 128, 128, 70, 0, 0, 0}, {1, 4, 64, 64, 130, 1, -3.0, 0}};
-    const int forced[] = {0, 16, 2, 8}; /* the chosen tile shape, then each shape forced */
-    for (int f : forced) {
-        kd_kda_force_r(f);
-        printf("tile shape: %s\n", f == 0 ? "chosen" : f == 16 ? "wide (R=8, 4 columns)" : f == 2 ? "narrow R=2" : "narrow R=8");
+    /* the default path (tensor cores, chosen block shape), each tensor-core block shape forced,
+     * then the CUDA-core kernels: chosen, each tile shape forced, and the closed form */
+    struct Cfg {
+        int tc, warps, r;
+        const char *name;
+    };
+    const Cfg cfgs[] = {{1, 0, 0, "tensor cores (default), chosen warps"}, {1, 1, 0, "tensor cores, 1 warp"},
+                        {1, 2, 0, "tensor cores, 2 warps"}, {1, 4, 0, "tensor cores, 4 warps (the default kernel)"},                {1, 8, 0, "tensor cores, 8 warps"},
+                        {2, 0, 0, "tensor cores, 4 warps, 3 blocks per SM"}, {0, 0, 0, "CUDA cores, chosen tile"},              {0, 0, 16, "CUDA cores, wide (R=8, 4 columns)"},
+                        {0, 0, 2, "CUDA cores, narrow R=2"},               {0, 0, 8, "CUDA cores, narrow R=8"}};
+    for (const Cfg &c : cfgs) {
+        kd_kda_tensor_cores(c.tc, c.warps);
+        kd_kda_force_r(c.r);
+        printf("path: %s\n", c.name);
         for (const Shape &s : shapes)
-            for (int m = 0; m < 2; m++) fails += check_shape(s, (kd_kda_mode)m, 8, s.B > 8 ? 4 : 12);
+            for (int m = 0; m < 2; m++)
+                if (m == 0 || c.warps == 0) fails += check_shape(s, (kd_kda_mode)m, 8, s.B > 8 ? 4 : 12);
+        if (c.tc && c.warps == 0) { /* windows of up to 16 (longer ones take the CUDA-core path), folds of up to 16 */
+            printf("path: %s, Tw = 16\n", c.name);
+            for (const Shape &s : shapes)
+                if (s.B <= 5) fails += check_shape(s, KD_KDA_DEFERRED, 16, 12);
+        }
     }
     kd_kda_force_r(0);
+    kd_kda_tensor_cores(0, 0);
     kd_kda_closed_form(1);
-    printf("deferred verify in closed form\n");
+    printf("path: CUDA cores, closed form\n");
     for (const Shape &s : shapes) fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
     kd_kda_closed_form(0);
+    kd_kda_tensor_cores(1, 0);
+    const bool force = argc > 3 && !strcmp(argv[3], "force"); /* bench even after a failed check */
     if (fails) {
         printf("CHECK FAILED (%d)\n", fails);
-        return 1;
+        if (!force) return 1;
     }
     if (argc > 3 && !strcmp(argv[3], "check")) {
         printf("ALL CHECKS PASSED\n");
@@ -335,10 +376,10 @@ int main(int argc, char **argv) {
             a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
             a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
             a.stored = dalloc<float>((size_t)slots * Tw * per);
-            CK(cudaMemset(a.state, 0, (size_t)slots * per * 4));
-            CK(cudaMemset(a.stored, 0, (size_t)slots * Tw * per * 4));
-            CK(cudaMemset(a.rec_u, 0, (size_t)slots * Tw * HV * V * 4));
-            CK(cudaMemset(a.rec_kg, 0, (size_t)slots * 2 * Tw * HV * 2 * K * 4));
+            fill(a.state, (size_t)slots * per, 0.1f);
+            fill(a.stored, (size_t)slots * Tw * per, 0.1f);
+            fill(a.rec_u, (size_t)slots * Tw * HV * V, 0.3f);
+            fill(a.rec_kg, (size_t)slots * 2 * Tw * HV * 2 * K, 1.f);
             a.qn = qn, a.kn = kn, a.decay = dec, a.beta = bt, a.v = vv, a.kraw = kraw, a.graw = graw, a.o = o;
             a.A_log = A, a.dt_bias = dtb;
             bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(a.stored);
@@ -348,8 +389,11 @@ int main(int argc, char **argv) {
             std::vector<kd_kda_row> rows(B);
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, T, 0, 0, nullptr}; // steady state: fold T
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0};
-            for (int what = 0; what < 4; what++) {
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0};
+            /* 0 copy, 1 deferred, 2 store-all, 3 commit, 4 deferred and 5 commit on the CUDA-core
+             * kernels (the previous default), 6.. the tensor-core verify with 1, 2, 4, 8 warps (T = 4) */
+            for (int what = 0; what < (T == 4 ? 11 : 6); what++) {
+                kd_kda_tensor_cores(what == 4 || what == 5 ? 0 : what == 10 ? 2 : 1, what >= 6 && what < 10 ? 1 << (what - 6) : 0);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -357,45 +401,27 @@ int main(int argc, char **argv) {
                     if (what == 0)
                         CK(cudaMemcpyAsync(copy_dst + (size_t)l * B * per, la[l].state, (size_t)B * per * 4,
                                            cudaMemcpyDeviceToDevice, st));
-                    else if (what == 3)
+                    else if (what == 3 || what == 5)
                         CK((cudaError_t)kd_kda_commit(&la[l], KD_KDA_DEFERRED, st));
                     else
-                        CK((cudaError_t)kd_kda_verify(&la[l], what == 1 ? KD_KDA_DEFERRED : KD_KDA_STORE_ALL, T, st));
+                        CK((cudaError_t)kd_kda_verify(&la[l], what == 2 ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED, T, st));
                 }
                 CK(cudaStreamEndCapture(st, &gph));
                 CK(cudaGraphInstantiate(&ge, gph, 0));
                 const double us = time_graph(ge, st, 20) * 1e3 / L;
-                (what == 0 ? rr.copy_us : what == 1 ? rr.def_us : what == 2 ? rr.all_us : rr.commit_us) = us;
+                double *dst[] = {&rr.copy_us, &rr.def_us, &rr.all_us, &rr.commit_us, &rr.def_prev_us, &rr.commit_prev_us};
+                if (what < 6) *dst[what] = us;
+                else if (what < 10) printf("  sweep B=%d T=4 tensor cores, %d warps%s: deferred %.2f us\n", B, 1 << (what - 6),
+                                           what == 8 ? " (4 blocks per SM)" : "", us);
+                else printf("  sweep B=%d T=4 tensor cores, 4 warps, 3 blocks per SM: deferred %.2f us\n", B, us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
+            kd_kda_tensor_cores(1, 0);
             res.push_back(rr);
-            if (T == 4) { /* how the lanes per column trade registers for parallelism */
-                for (int r = 2; r <= 16; r *= 2) {
-                    kd_kda_force_r(r);
-                    cudaGraph_t gph;
-                    cudaGraphExec_t ge;
-                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                    for (int l = 0; l < L; l++) CK((cudaError_t)kd_kda_verify(&la[l], KD_KDA_DEFERRED, T, st));
-                    CK(cudaStreamEndCapture(st, &gph));
-                    CK(cudaGraphInstantiate(&ge, gph, 0));
-                    printf("  sweep B=%d T=4 %s: deferred %.2f us\n", B, r == 16 ? "wide" : r == 2 ? "R=2" : r == 4 ? "R=4" : "R=8",
-                           time_graph(ge, st, 20) * 1e3 / L);
-                    cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
-                }
-                kd_kda_force_r(0);
-                kd_kda_closed_form(1);
-                cudaGraph_t gph;
-                cudaGraphExec_t ge;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                for (int l = 0; l < L; l++) CK((cudaError_t)kd_kda_verify(&la[l], KD_KDA_DEFERRED, T, st));
-                CK(cudaStreamEndCapture(st, &gph));
-                CK(cudaGraphInstantiate(&ge, gph, 0));
-                printf("  sweep B=%d T=4 closed form: deferred %.2f us\n", B, time_graph(ge, st, 20) * 1e3 / L);
-                cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
-                kd_kda_closed_form(0);
-            }
-            printf("B=%3d T=%d: copy %8.2f us  deferred %8.2f us (%.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us\n", B,
-                   T, rr.copy_us, rr.def_us, rr.def_us / rr.copy_us, rr.all_us, rr.all_us / rr.copy_us, rr.commit_us);
+            printf("B=%3d T=%d: copy %8.2f us  deferred %8.2f us (%.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us "
+                   "(%.2fx)  commit %8.2f us (CUDA cores %8.2f us)\n",
+                   B, T, rr.copy_us, rr.def_us, rr.def_us / rr.copy_us, rr.def_prev_us, rr.def_prev_us / rr.copy_us,
+                   rr.all_us, rr.all_us / rr.copy_us, rr.commit_us, rr.commit_prev_us);
             fflush(stdout);
         }
         for (float *b : bufs) cudaFree(b);
@@ -413,21 +439,29 @@ int main(int argc, char **argv) {
     fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"kda_check\",\"state\":\"HV=32 K=V=128 fp32\",\"results\":[", prop.name, date, commit);
     fprintf(md, "# KDA layer step on the GPU: deferred verify vs store-all vs the copy floor\n\n"
                 "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (kda_check)\n\n"
-                "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request); a CUDA graph of L "
-                "layers (L chosen so the states exceed L2), median of 20 replays, per layer. copy floor: a "
+                "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request, random); a CUDA graph "
+                "of L layers (L chosen so the states exceed L2), median of 20 replays, per layer. copy floor: a "
                 "device-to-device copy of the same B states (read + write), same graph form. Window fold = T "
-                "(every draft accepted last step).\n\n"
-                "| B | T | copy floor (us) | deferred (us) | deferred / copy | store-all (us) | store-all / copy | eager commit (us) |\n"
-                "|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
+                "(every draft accepted last step). deferred and eager commit: the tensor-core kernels (the "
+                "default); \"CUDA cores\": the previous kernels (still selectable), same run.\n\n"
+                "| B | T | copy floor (us) | deferred (us) | deferred / copy | deferred, CUDA cores (us) | CUDA cores / copy "
+                "| store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
     for (size_t i = 0; i < res.size(); i++) {
         const Res &r = res[i];
-        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"store_all_us\":%.3f,\"commit_us\":%.3f}",
-                i ? "," : "", r.B, r.T, r.copy_us, r.def_us, r.all_us, r.commit_us);
-        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T, r.copy_us, r.def_us,
-                r.def_us / r.copy_us, r.all_us, r.all_us / r.copy_us, r.commit_us);
+        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
+                    "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
+                i ? "," : "", r.B, r.T, r.copy_us, r.def_us, r.def_prev_us, r.all_us, r.commit_us, r.commit_prev_us);
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T, r.copy_us,
+                r.def_us, r.def_us / r.copy_us, r.def_prev_us, r.def_prev_us / r.copy_us, r.all_us, r.all_us / r.copy_us,
+                r.commit_us, r.commit_prev_us);
     }
     fprintf(js, "]}\n");
     fclose(js), fclose(md);
+    if (fails) {
+        printf("CHECK FAILED (%d)\n", fails);
+        return 1;
+    }
     printf("ALL CHECKS PASSED\n");
     return 0;
 }

@@ -75,8 +75,8 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
 }
 
 __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
-                                 const kd_cu_tok *toks, const float *win, const float *w, int W, float *xrec,
-                                 int Tw, float *q, float *k, float *v) {
+                                 const kd_cu_tok *toks, const float *win, int64_t ws, const float *w, int W,
+                                 float *xrec, int Tw, float *q, float *k, float *v) {
     const int64_t C = 2 * QK + VD, Hw = W - 1;
     GRID_LOOP(i, N * C) {
         const int64_t t = i / C, c = i % C;
@@ -85,7 +85,7 @@ __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_
         if (w) {
             const kd_cu_tok tk = toks[t];
             const float *wc = w + c * W;
-            const float *hist = win + ((int64_t)tk.slot * C + c) * Hw;
+            const float *hist = win + (int64_t)tk.slot * ws + c * Hw;
             float acc = wc[Hw] * xt;
             for (int64_t j = 0; j < Hw; j++) {
                 // history j holds the input at row position pos - Hw + j
@@ -104,13 +104,13 @@ __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_
     }
 }
 
-__global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,
+__global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t ws,
                                  const float *xrec, int Tw, const float *proj, int64_t P) {
     const int64_t Hw = W - 1;
     GRID_LOOP(i, (int64_t)n_folds * C) {
         const kd_cu_fold f = folds[i / C];
         const int64_t c = i % C, n = f.n;
-        float *hw = win + ((int64_t)f.slot * C + c) * Hw;
+        float *hw = win + (int64_t)f.slot * ws + c * Hw;
         for (int64_t j = 0; j < Hw; j++) { // ascending: reads only ahead of what it writes
             const int64_t src = j + n - Hw; // input index when j + n >= Hw
             float val;
@@ -127,14 +127,14 @@ __global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C
 // the decay in shared memory.
 template <int K>
 __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int H, int HV, int V, float *state,
-                                                     const float *qn, const float *kn, const float *decay,
+                                                     int64_t ss, const float *qn, const float *kn, const float *decay,
                                                      const float *beta, const float *v, float *o) {
     __shared__ float sq[K], sk[K], sd[K];
     const kd_cu_prow r = rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (HV / H);
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = j < V;
-    float *S = state + ((size_t)r.slot * HV + h) * (size_t)K * V;
+    float *S = state + (size_t)r.slot * ss + (size_t)h * K * V;
     float st[K];
 #pragma unroll
     for (int c = 0; c < K; c++) st[c] = live ? S[(size_t)c * V + j] : 0.f;
@@ -226,33 +226,33 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
 }
 
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD, const kd_cu_tok *toks,
-                            const float *win, const float *w, int W, float *xrec, int Tw, float *q, float *k,
-                            float *v, cudaStream_t s) {
+                            const float *win, int64_t win_stride, const float *w, int W, float *xrec, int Tw,
+                            float *q, float *k, float *v, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (w && W < 1) return cudaErrorInvalidValue;
-    conv_silu_kernel<<<blocks_for(N * (2 * QK + VD)), kBlock, 0, s>>>(proj, P, N, QK, VD, toks, win, w, W, xrec, Tw,
-                                                                     q, k, v);
+    conv_silu_kernel<<<blocks_for(N * (2 * QK + VD)), kBlock, 0, s>>>(proj, P, N, QK, VD, toks, win, win_stride, w, W,
+                                                                     xrec, Tw, q, k, v);
     return cudaGetLastError();
 }
 
-cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, const float *xrec,
-                            int Tw, const float *proj, int64_t P, cudaStream_t s) {
+cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t win_stride,
+                            const float *xrec, int Tw, const float *proj, int64_t P, cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
-    conv_fold_kernel<<<blocks_for((int64_t)n_folds * C), kBlock, 0, s>>>(folds, n_folds, C, W, win, xrec, Tw, proj,
-                                                                        P);
+    conv_fold_kernel<<<blocks_for((int64_t)n_folds * C), kBlock, 0, s>>>(folds, n_folds, C, W, win, win_stride, xrec,
+                                                                        Tw, proj, P);
     return cudaGetLastError();
 }
 
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,
-                          const float *qn, const float *kn, const float *decay, const float *beta, const float *v,
+                          int64_t state_stride, const float *qn, const float *kn, const float *decay, const float *beta, const float *v,
                           float *o, cudaStream_t s) {
     if (n_rows <= 0) return cudaSuccess;
     if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)n_rows);
     switch (K) {
-    case 32: prefill_kernel<32><<<grid, 32, 0, s>>>(rows, H, HV, V, state, qn, kn, decay, beta, v, o); break;
-    case 64: prefill_kernel<64><<<grid, 32, 0, s>>>(rows, H, HV, V, state, qn, kn, decay, beta, v, o); break;
-    case 128: prefill_kernel<128><<<grid, 32, 0, s>>>(rows, H, HV, V, state, qn, kn, decay, beta, v, o); break;
+    case 32: prefill_kernel<32><<<grid, 32, 0, s>>>(rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
+    case 64: prefill_kernel<64><<<grid, 32, 0, s>>>(rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
+    case 128: prefill_kernel<128><<<grid, 32, 0, s>>>(rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

@@ -52,22 +52,24 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
 // proj [N][P] (channels at columns 0..C-1), per token from its slot's window and the
 // earlier inputs of its row: y_t = silu(w[W-1] x_t + sum_j w[j] hist_j). Writes q [N][QK],
 // k [N][QK], v [N][VD]; a verify row's inputs go to xrec(slot)[pos]. w == NULL: no conv,
-// y = silu(x) (win, xrec unused). The windows are only read.
+// y = silu(x) (win, xrec unused). The windows are only read; slot s's window is at
+// win + s * win_stride ([C][W-1]).
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
-                            const kd_cu_tok *toks, const float *win, const float *w, int W,
+                            const kd_cu_tok *toks, const float *win, int64_t win_stride, const float *w, int W,
                             float *xrec, int Tw, float *q, float *k, float *v, cudaStream_t s);
 
 // Conv window folds (kd_cu_fold), one thread per (fold, channel).
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,
-                            const float *xrec, int Tw, const float *proj, int64_t P,
+                            int64_t win_stride, const float *xrec, int Tw, const float *proj, int64_t P,
                             cudaStream_t s);
 
 // The KDA recurrence of prefill rows, token by token, on the committed state in place:
 // S <- diag(decay) S; u = beta (v - S^T kn); S += kn u^T; o = S^T qn (KDA.md §2.6).
 // qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state
-// [slots+1][HV][K][V]. K must be 32, 64 or 128 (else cudaErrorInvalidValue).
+// slot s's [HV][K][V] at state + s * state_stride. K must be 32, 64 or 128 (else
+// cudaErrorInvalidValue).
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V,
-                          float *state, const float *qn, const float *kn, const float *decay,
+                          float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
                           const float *beta, const float *v, float *o, cudaStream_t s);
 
 // Per (token, value head): y = rms(o, w) * sigmoid(gate + bias), o and gate [N][HV][V],

@@ -2,8 +2,8 @@
 # Runs the GPU checks and benchmarks on a machine with an NVIDIA GPU, from binaries built
 # elsewhere with Bazel (the GPU machine needs no Bazel):
 #   tests/cuda/run_device.sh BIN_DIR OUT_DIR [ORACLE_DIR]
-#   BIN_DIR: kda_check, cuda_test (and, as they come, the backend's other test binaries)
-#   OUT_DIR: results (kda_h200.json/.md) and logs
+#   BIN_DIR: kda_check, cuda_test, cuda_bench (the backend's other test binaries as they come)
+#   OUT_DIR: results (kda_h200.json/.md, kimi48b_cuda_h200.json/.md) and logs
 #   ORACLE_DIR: the oracle checkpoints (tiny/, small/) for cuda_test; default $KDECODE_ORACLE,
 #               else ../shared/oracle beside the checkout
 # Checks run first (against float64 references), then compute-sanitizer memcheck and
@@ -16,13 +16,19 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 san=/usr/local/cuda/bin/compute-sanitizer
-if [[ -x $san ]]; then
+# KD_KDA_SANITIZE=0 skips the sanitizers on kda_check; KD_KDA_BENCH=0 runs its checks only
+# (no timing table): for runs that re-check kernels already timed and sanitized.
+if [[ ${KD_KDA_SANITIZE:-1} != 0 && -x $san ]]; then
   "$san" --tool memcheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/memcheck.txt"
   "$san" --tool racecheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/racecheck.txt"
-else
+elif [[ ! -x $san ]]; then
   echo "compute-sanitizer not found at $san" | tee "$out/memcheck.txt"
 fi
-"$bin/kda_check" "$out" "$commit" 2>&1 | tee "$out/kda_check.log"
+if [[ ${KD_KDA_BENCH:-1} != 0 ]]; then
+  "$bin/kda_check" "$out" "$commit" 2>&1 | tee "$out/kda_check.log"
+else
+  "$bin/kda_check" "$out" "$commit" check 2>&1 | tee "$out/kda_check.log"
+fi
 
 # The CUDA backend against the CPU backend (random models: every op, every commit mode, fp32
 # and bf16 activations) and the oracle checkpoints (kernels/cuda/cuda_test.cu). memcheck
@@ -34,3 +40,9 @@ if [[ -x $san ]]; then
   tail -4 "$out/cuda_test_memcheck.log"
 fi
 "$bin/cuda_test" "$oracle" 2>&1 | tee "$out/cuda_test.log"
+
+# The Kimi-Linear-48B KDA preset: the decode step against its roofline and end-to-end tokens/s
+# (tests/bench/cuda_bench.cu; random bf16 weights built on the machine), when built.
+if [[ -x $bin/cuda_bench ]]; then
+  "$bin/cuda_bench" "$out/kimi48b_cuda_h200" "$commit" "tests/cuda/run_device.sh BIN OUT" 2>&1 | tee "$out/cuda_bench.log"
+fi

@@ -151,6 +151,7 @@ class Server:
         self.loads_call = uu("/kdecode.v1.Decoder/GetLoads", pb.Loads)
         self.info = uu("/kdecode.v1.Decoder/GetServerInfo", pb.ServerInfo)
         self.prefill_call = uu("/kdecode.v1.Prefiller/Prefill", pb.PrefillResponse)
+        self.nccl_connect = uu("/kdecode.v1.Decoder/NcclConnect", pb.NcclConnectResponse)
         self.health = ch.unary_unary("/grpc.health.v1.Health/Check", request_serializer=_ser,
                                      response_deserializer=lambda b: b)
 
@@ -890,6 +891,39 @@ class FaultTest(unittest.TestCase):
         self.assertIn("fingerprint", d)
         wait_idle(self, O, "a handoff from another model")
         wait_idle(self, self.P, "a handoff to another model")
+
+    def test_nccl_transport_without_a_gpu(self):
+        """On the CPU backend the NCCL transport is off (`auto`, the default, means gRPC here):
+        NcclConnect and an NCCL header are refused with FAILED_PRECONDITION before any slot is
+        held, a real Prefill reports the gRPC transport, and asking for nccl on the CPU is a
+        start-up error."""
+        c, d, _ = rpc_code(self.D.nccl_connect, pb.NcclConnectRequest(comm_id="nccl-test", unique_id=bytes(128),
+                                                                     model_fingerprint=self.header.model_fingerprint),
+                           timeout=T(10))
+        self.assertEqual(c, SC.FAILED_PRECONDITION, d)
+        self.assertIn("NCCL", d)
+        rid = self.new_id("nccl-header")
+        h = with_id(self.header, rid)
+        h.transport = pb.HANDOFF_TRANSPORT_NCCL
+        h.nccl_comm_id = "nccl-test"
+        self.assert_refused([header_msg(h)], SC.FAILED_PRECONDITION, "an NCCL header on a CPU worker", "NCCL")
+        self.assert_unclaimable(rid, "an NCCL header on a CPU worker")
+        self.assert_served(what="NCCL requests to a CPU worker")
+        pr = self.P.prefill_call(pb.PrefillRequest(request_id=self.new_id("grpc-transport"), prompt_token_ids=self.probe,
+                                                   decode_target=self.D.target, ignore_eos=True), timeout=T(120))
+        self.assertEqual(pr.transport, pb.HANDOFF_TRANSPORT_GRPC)
+        self.assertEqual(pr.transfer_seconds, 0)
+        rpc_code(self.D.abort, pb.AbortRequest(request_id=pr.handoff_id), timeout=T(10))
+        self.assertNotIn("nccl-fallback", self.P.log_text())  # a CPU worker never tries NCCL
+        for args, needle in ((["--handoff-transport", "nccl", "--backend", "cpu"], "needs a GPU backend"),
+                             (["--handoff-transport", "tcp"], "--handoff-transport"),
+                             (["--nccl-max-links", "0"], "--nccl-max-links")):
+            out = subprocess.run([BIN, "serve", "--model", self.big, "--listen", "127.0.0.1:0", *args],
+                                 capture_output=True, timeout=T(30))
+            self.assertEqual(out.returncode, 2, f"{args}: {out.stderr.decode(errors='replace')}")
+            self.assertIn(needle, out.stderr.decode(errors="replace"), args)
+        wait_idle(self, self.P, "NCCL requests to a CPU worker")
+        self.assert_served(what="NCCL requests to a CPU worker")
 
     def test_roles(self):
         """A prefill worker does not take PushState or Generate; a decode worker does not

@@ -23,11 +23,15 @@
 #define KD_BACKEND_H
 
 #include "kd/config.h"
+#include "kd/sampling.h"
+#include "kd/sum64.h"
 #include "kd/weights.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+struct XXH3_state_s; /* xxhash.h's XXH3_state_t */
 
 typedef enum kd_logits_mode {
     KD_LOGITS_NONE = 0, /* no logits for this row */
@@ -109,6 +113,11 @@ typedef struct kd_backend_ops {
     /* XXH3-64 of bytes [offset, offset + len) of a slot's committed state, computed where the
      * state lives: what landed in the slot, not what was sent. */
     int (*state_hash)(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err);
+    /* Optional (NULL: not offered). Feeds bytes [offset, offset + len) of a slot's committed
+     * state, read where the state lives, into a streaming XXH3-64 state: a handoff hashes each
+     * piece right after writing it (what landed, while in cache) instead of a second pass. */
+    int (*state_hash_update)(kd_backend *b, int32_t slot, size_t offset, size_t len, struct XXH3_state_s *h,
+                             kd_err *err);
     /* Commits the first n tokens of the slot's last verify window (dropping the rest).
      * If 1 <= snap_at <= n, also writes the committed state after snap_at of them to
      * snap_dst (state bytes, host memory): the exact boundary state for the prefix cache. */
@@ -116,6 +125,17 @@ typedef struct kd_backend_ops {
                   kd_err *err);
     /* Waits for queued work (no-op on the CPU). */
     int (*synchronize)(kd_backend *b, kd_err *err);
+    /* Device memory of a slot's committed state, for transports that move it GPU to GPU (NULL
+     * in backends that keep the state in host memory): fills out[] with its non-empty regions in
+     * the export layout's order (per layer: S, then the conv window) and returns their number,
+     * or -1 with a message when more than max. Valid until the backend is destroyed; the
+     * caller orders its own streams against the backend's (it synchronizes after each op). */
+    int (*state_regions)(kd_backend *b, int32_t slot, kd_dev_region *out, int max, kd_err *err);
+    /* Runs a batch like forward and samples its logits where they are (on a GPU: only the
+     * tokens come back); see kd_backend_forward_sample. */
+    int (*forward_sample)(kd_backend *b, const kd_batch *batch, const kd_sample_params *params,
+                          const double *uniforms, int32_t *tokens, int32_t *accepted, int32_t *used,
+                          kd_err *err);
 } kd_backend_ops;
 
 struct kd_backend {
@@ -142,6 +162,27 @@ size_t kd_slot_bytes(const kd_config *c, int32_t max_window, kd_commit_mode mode
                      size_t state_elem_bytes, size_t act_elem_bytes);
 int kd_backend_reset_slot(kd_backend *b, int32_t slot, kd_err *err);
 int kd_backend_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err);
+/* Runs a batch and samples it (kd/sampling.h) instead of returning logits. Per batch row r,
+ * by its logits mode:
+ * - KD_LOGITS_ALL (n_tokens <= max_window): the row is a speculative window x0, d_1..d_n
+ *   (n = n_tokens - 1, the drafts are the row's own tokens): kd_accept_window with
+ *   params[r] and the uniforms uniforms[r * max_window ...];
+ * - KD_LOGITS_LAST: one token drawn from the last position's logits (a window of no drafts);
+ * - KD_LOGITS_NONE: nothing (accepted[r] = used[r] = 0).
+ * Writes tokens[r * max_window + 0..a] (the a accepted drafts, then the new token),
+ * accepted[r] = a and used[r] = the uniforms the row consumed (0 when greedy): the caller's
+ * generator advances by that many. The CPU reference gives exactly kd_accept_window's
+ * answers; a GPU gives the same tokens except where a uniform, the top_p mass or a draft's
+ * acceptance probability lies within float rounding of a decision boundary (its sums run in
+ * another order). uniforms: [n_rows][max_window], each in [0, 1). */
+int kd_backend_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_params *params,
+                              const double *uniforms, int32_t *tokens, int32_t *accepted, int32_t *used,
+                              kd_err *err);
+/* The reference of forward_sample's sampling on host logits ([kd_batch_logit_rows][vocab], as
+ * forward returns them); probs, order: work space of vocab entries. */
+void kd_sample_batch_ref(const kd_batch *batch, const float *logits, int32_t vocab, int32_t max_window,
+                         const kd_sample_params *params, const double *uniforms, double *probs,
+                         int32_t *order, int32_t *tokens, int32_t *accepted, int32_t *used);
 size_t kd_backend_state_bytes(const kd_backend *b);
 int kd_backend_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err);
 int kd_backend_state_write(kd_backend *b, int32_t slot, const void *src, size_t bytes,
@@ -153,8 +194,15 @@ int kd_backend_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err);
 int kd_backend_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len,
                                 kd_err *err);
 int kd_backend_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err);
+/* Whether the backend offers state_hash_update, and the checked call (-1 without it). */
+int kd_backend_has_hash_update(const kd_backend *b);
+int kd_backend_state_hash_update(kd_backend *b, int32_t slot, size_t offset, size_t len, struct XXH3_state_s *h,
+                                 kd_err *err);
 int kd_backend_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst,
                       kd_err *err);
+/* The device regions of a slot's state (see state_regions); -1 with a message on a backend
+ * without device memory. */
+int kd_backend_state_regions(kd_backend *b, int32_t slot, kd_dev_region *out, int max, kd_err *err);
 void kd_backend_free(kd_backend *b);
 
 /* The CPU reference backend: fp32 (use_f64 = 0) or fp64 throughout (for tests).
@@ -170,6 +218,21 @@ kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err);
 /* By name: "cpu", "cuda" (fails without a usable device) or "auto" (CUDA when a device is
  * usable, else the CPU). act_bf16: bf16 activations on the GPU (the CPU computes in fp32). */
 kd_backend *kd_backend_create(const char *name, int act_bf16, kd_err *err);
+
+/* CUDA backend switches and test hooks (no-ops / failures on other backends):
+ * graphs: forward_sample on decode batches (every row a verify window with all logits, no
+ * prefill) replays a CUDA graph captured per padded shape (rows padded to the next power
+ * of two with the scratch row, tokens to rows * the longest window of the batch); the first
+ * batch of a shape runs eagerly, the second captures it. On by default, off with
+ * the environment KDECODE_CUDA_GRAPHS=0 at creation or kd_cuda_set_graphs(b, 0). */
+int kd_cuda_set_graphs(kd_backend *b, int on);
+/* Graphs captured so far and replays (statistics). */
+void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
+/* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
+ * forward_sample would after a forward of this batch (which is not run): tests. */
+int kd_cuda_sample_logits(kd_backend *b, const kd_batch *batch, const float *logits,
+                          const kd_sample_params *params, const double *uniforms, int32_t *tokens,
+                          int32_t *accepted, int32_t *used, kd_err *err);
 
 /* CUDA: number of usable devices (0 without a GPU or driver; never fails). */
 int kd_cuda_device_count(void);

@@ -1,0 +1,206 @@
+// peer_bench: the floors the NCCL state handoff is measured against, and its checksum.
+// Needs 2 GPUs (tests/nccl/run_device.sh runs it on the device machine). Prints one JSON line.
+//
+// 1. sum64 on the device (kd_cuda_sum64) against the CPU (kd_sum64) on fresh random words,
+//    aligned and unaligned regions, every size class; a flipped word and a zeroed region must
+//    change it. Outputs poisoned before each run.
+// 2. cudaMemcpyPeer of BYTES from GPU 0 to GPU 1 (the issue's baseline), median of 30.
+// 3. NCCL send/recv of the same bytes inside this process (two ranks, one per GPU), as one
+//    buffer and as the handoff's sections (per layer: 2 MiB recurrent state, the conv window):
+//    what NCCL itself costs, without the service around it.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "kd/sum64.h"
+
+#define CK(x)                                                                                        \
+    do {                                                                                             \
+        cudaError_t e_ = (x);                                                                        \
+        if (e_ != cudaSuccess) {                                                                     \
+            fprintf(stderr, "peer_bench: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);  \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+#define NK(x)                                                                                        \
+    do {                                                                                             \
+        ncclResult_t r_ = (x);                                                                       \
+        if (r_ != ncclSuccess) {                                                                     \
+            fprintf(stderr, "peer_bench: %s: %s (line %d)\n", #x, ncclGetErrorString(r_), __LINE__); \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+static int check_sum64(std::mt19937_64 &rng, int *n_checks) {
+    const size_t sizes[] = {4, 8, 12, 16, 20, 60, 4 * 1001, 65536 + 12, 2u << 20, (2u << 20) + 4, 44892160};
+    int bad = 0;
+    for (size_t sz : sizes) {
+        for (int off = 0; off <= 4; off += 4) { // 16-byte aligned and not
+            std::vector<uint32_t> h((sz + off) / 4 + 1);
+            for (auto &w : h) w = (uint32_t)rng();
+            char *d;
+            CK(cudaMalloc(&d, sz + off + 16));
+            CK(cudaMemcpy(d, h.data(), sz + off, cudaMemcpyHostToDevice));
+            const unsigned char *hb = (const unsigned char *)h.data() + off;
+            kd_dev_region r[2] = {{d + off, sz}, {d + off, sz}};
+            uint64_t out[2] = {0xdeadbeefdeadbeefull, 0xdeadbeefdeadbeefull}, ref = kd_sum64(hb, sz);
+            kd_err err;
+            if (kd_cuda_sum64(r, 2, out, NULL, &err)) {
+                fprintf(stderr, "peer_bench: %s\n", err.msg);
+                exit(1);
+            }
+            ++*n_checks;
+            if (out[0] != ref || out[1] != ref) {
+                fprintf(stderr, "sum64 mismatch: size %zu offset %d: gpu %016llx cpu %016llx\n", sz, off,
+                        (unsigned long long)out[0], (unsigned long long)ref);
+                bad++;
+            }
+            // one flipped bit of one word changes it
+            const size_t w = (size_t)(rng() % (sz / 4));
+            uint32_t v;
+            memcpy(&v, hb + 4 * w, 4);
+            v ^= 1u << (rng() % 32);
+            CK(cudaMemcpy(d + off + 4 * w, &v, 4, cudaMemcpyHostToDevice));
+            uint64_t flipped = 0;
+            if (kd_cuda_sum64(r, 1, &flipped, NULL, &err)) exit(1);
+            ++*n_checks;
+            if (flipped == ref) {
+                fprintf(stderr, "sum64 did not change with word %zu of %zu flipped\n", w, sz / 4);
+                bad++;
+            }
+            // a zeroed region is not the state
+            CK(cudaMemset(d + off, 0, sz));
+            uint64_t zero = 0;
+            if (kd_cuda_sum64(r, 1, &zero, NULL, &err)) exit(1);
+            std::vector<unsigned char> zh(sz, 0);
+            ++*n_checks;
+            if (zero == ref || zero != kd_sum64(zh.data(), sz)) {
+                fprintf(stderr, "sum64 of zeros: size %zu\n", sz);
+                bad++;
+            }
+            CK(cudaFree(d));
+        }
+    }
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    setenv("NCCL_NVLS_ENABLE", "0", 1); // no NVLink multicast
+    const size_t bytes = argc > 1 ? strtoull(argv[1], NULL, 10) : 44892160;
+    const size_t layers = argc > 2 ? strtoull(argv[2], NULL, 10) : 20;
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    std::mt19937_64 rng(std::random_device{}());
+    int n_checks = 0;
+    CK(cudaSetDevice(0));
+    const int bad = check_sum64(rng, &n_checks);
+    if (ndev < 2) {
+        printf("{\"devices\":%d,\"sum64_checks\":%d,\"sum64_bad\":%d}\n", ndev, n_checks, bad);
+        return bad ? 1 : 0;
+    }
+    // buffers
+    char *src, *dst;
+    CK(cudaSetDevice(0));
+    CK(cudaMalloc(&src, bytes));
+    CK(cudaMemset(src, 0x5a, bytes));
+    cudaError_t pe = cudaDeviceEnablePeerAccess(1, 0);
+    int can01 = 0, can10 = 0;
+    CK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+    CK(cudaSetDevice(1));
+    CK(cudaMalloc(&dst, bytes));
+    CK(cudaMemset(dst, 0, bytes));
+    if (pe == cudaSuccess) (void)cudaDeviceEnablePeerAccess(0, 0);
+    CK(cudaDeviceCanAccessPeer(&can10, 1, 0));
+    (void)cudaGetLastError();
+    // cudaMemcpyPeer, timed on GPU 0's stream
+    CK(cudaSetDevice(0));
+    cudaStream_t s0;
+    CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<double> peer;
+    for (int i = 0; i < 33; i++) {
+        CK(cudaEventRecord(a, s0));
+        CK(cudaMemcpyPeerAsync(dst, 1, src, 0, bytes, s0));
+        CK(cudaEventRecord(b, s0));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (i >= 3) peer.push_back(ms * 1e3);
+    }
+    // NCCL in one process: rank 0 on GPU 0 sends, rank 1 on GPU 1 receives
+    ncclComm_t comms[2];
+    int devs[2] = {0, 1};
+    NK(ncclCommInitAll(comms, 2, devs));
+    cudaStream_t s1;
+    CK(cudaSetDevice(1));
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    cudaEvent_t a1, b1;
+    CK(cudaEventCreate(&a1));
+    CK(cudaEventCreate(&b1));
+    // the handoff's sections: per layer the state (most of it) then the conv window
+    std::vector<size_t> sect;
+    const size_t per = bytes / layers, ssm = per >= (2u << 20) ? (2u << 20) : per;
+    for (size_t l = 0, at = 0; l < layers; l++) {
+        size_t lb = l + 1 == layers ? bytes - at : per;
+        sect.push_back(ssm < lb ? ssm : lb);
+        if (lb > ssm) sect.push_back(lb - ssm);
+        at += lb;
+    }
+    std::vector<double> one, regions;
+    for (int mode = 0; mode < 2; mode++) {
+        for (int i = 0; i < 33; i++) {
+            CK(cudaSetDevice(1));
+            CK(cudaEventRecord(a1, s1)); // both streams idle: the receiver's span is the transfer's
+            CK(cudaSetDevice(0));
+            NK(ncclGroupStart());
+            size_t at = 0;
+            if (mode == 0) {
+                NK(ncclSend(src, bytes, ncclUint8, 1, comms[0], s0));
+                NK(ncclRecv(dst, bytes, ncclUint8, 0, comms[1], s1));
+            } else {
+                for (size_t k = 0; k < sect.size(); at += sect[k], k++) {
+                    NK(ncclSend(src + at, sect[k], ncclUint8, 1, comms[0], s0));
+                    NK(ncclRecv(dst + at, sect[k], ncclUint8, 0, comms[1], s1));
+                }
+            }
+            NK(ncclGroupEnd());
+            CK(cudaSetDevice(1));
+            CK(cudaEventRecord(b1, s1));
+            CK(cudaEventSynchronize(b1));
+            CK(cudaSetDevice(0));
+            CK(cudaStreamSynchronize(s0));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a1, b1));
+            if (i >= 3) (mode ? regions : one).push_back(ms * 1e3);
+        }
+    }
+    // the bytes arrived
+    std::vector<unsigned char> back(bytes);
+    CK(cudaSetDevice(1));
+    CK(cudaMemcpy(back.data(), dst, bytes, cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t i = 0; i < bytes; i++) wrong += back[i] != 0x5a;
+    ncclCommDestroy(comms[0]);
+    ncclCommDestroy(comms[1]);
+    const double pm = median(peer);
+    printf("{\"devices\":%d,\"peer_access\":[%d,%d],\"bytes\":%zu,\"sections\":%zu,\"memcpy_peer_us\":%.2f,"
+           "\"memcpy_peer_gbps\":%.1f,\"nccl_inproc_one_us\":%.2f,\"nccl_inproc_sections_us\":%.2f,"
+           "\"nccl_wrong_bytes\":%zu,\"sum64_checks\":%d,\"sum64_bad\":%d}\n",
+           ndev, can01, can10, bytes, sect.size(), pm, bytes / pm * 1e-3, median(one), median(regions), wrong, n_checks,
+           bad);
+    return bad || wrong ? 1 : 0;
+}
