@@ -43,11 +43,11 @@ def check(ok, what):
 class Server:
     n = 0
 
-    def __init__(self, name, model, gpu_order, args):
+    def __init__(self, name, model, gpu_order, args, extra_env=None):
         Server.n += 1
         self.name = f"{name}-{Server.n}"
         self.log = os.path.join(LOGS, f"{self.name}.log")
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_order, NCCL_NVLS_ENABLE="0")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_order, NCCL_NVLS_ENABLE="0", **(extra_env or {}))
         cmd = [os.path.join(ARGS.bin, "kdecode"), "serve", "--model", model, "--listen", "127.0.0.1:0",
                "--backend", "cuda", "--activations", "fp32", "--metrics-listen", "127.0.0.1:0", *args]
         self.f = open(self.log, "wb")
@@ -103,7 +103,7 @@ def kdctl(*args, timeout=120):
 
 
 def gen(target, prompt, max_tokens, spec, prefill=None, stats=False):
-    a = ["generate", "--target", target, "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", max_tokens,
+    a = ["generate", "--target", target, "--timeout", 60, "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", max_tokens,
          "--ignore-eos", "--json", *(["--spec-tokens", spec] if spec else ["--draft", "none"])]
     if prefill:
         a += ["--prefill", prefill, "--decode", target]
@@ -209,10 +209,10 @@ def equality(demo):
         check(s.stop() == 0, f"{s.name} stops cleanly on SIGTERM")
 
 
-def bench(m48, floor):
-    D = Server("decode48", m48, "1,0", ["--role", "decode", "--handoff-transport", "nccl", "--max-seqs", "4"])
-    P = Server("prefill48-nccl", m48, "0,1", ["--role", "prefill", "--handoff-transport", "nccl"])
-    G = Server("prefill48-grpc", m48, "0,1", ["--role", "prefill", "--handoff-transport", "grpc"])
+def bench(m48, floor, env=None):
+    D = Server("decode48", m48, "1,0", ["--role", "decode", "--handoff-transport", "nccl", "--max-seqs", "4"], env)
+    P = Server("prefill48-nccl", m48, "0,1", ["--role", "prefill", "--handoff-transport", "nccl"], env)
+    G = Server("prefill48-grpc", m48, "0,1", ["--role", "prefill", "--handoff-transport", "grpc"], env)
     prompt = list(range(1, 17))
     res = {}
     for name, pw in (("nccl", P), ("grpc", G)):
@@ -255,6 +255,9 @@ def main():
     ap.add_argument("--bench", type=int, default=20)
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--floor-json")
+    ap.add_argument("--bench-only", action="store_true", help="the benchmark alone")
+    ap.add_argument("--env", action="append", default=[], help="K=V for the benchmark's servers (NCCL tuning)")
+    ap.add_argument("--tag", default="nccl_device", help="name of the result files")
     ARGS = ap.parse_args()
     LOGS = os.path.join(ARGS.out, "logs")
     os.makedirs(LOGS, exist_ok=True)
@@ -265,19 +268,22 @@ def main():
     subprocess.run([kd, "mkmodel", "--preset", "kimi-linear-48b-state", "--seed", "1", "--out", m48], check=True,
                    capture_output=True)
     floor = json.load(open(ARGS.floor_json)) if ARGS.floor_json else {}
-    try:
-        equality(demo)
-    except Exception as e:  # a server that did not start: the rest still runs
-        check(False, f"equality/faults: {e}")
+    if not ARGS.bench_only:
+        try:
+            equality(demo)
+        except Exception as e:  # a server that did not start: the rest still runs
+            check(False, f"equality/faults: {e}")
     res = {}
+    env = dict(kv.split("=", 1) for kv in ARGS.env)
     try:
-        res = bench(m48, floor)
+        res = bench(m48, floor, env)
     except Exception as e:
         check(False, f"bench: {e}")
+    res["env"] = env
     res["fails"] = FAILS
     res["requests"] = ARGS.requests
     res["seed"] = ARGS.seed
-    with open(os.path.join(ARGS.out, "nccl_device.json"), "w") as f:
+    with open(os.path.join(ARGS.out, ARGS.tag + ".json"), "w") as f:
         json.dump(res, f, indent=1)
     n = res.get("nccl", {})
     g = res.get("grpc", {})
@@ -302,9 +308,9 @@ def main():
         lines.append(f"ratio cudaMemcpyPeer / NCCL data (receive posted to landed): {pu / landed:.2f}; "
                      f"/ whole handoff (handoff_seconds): {pu / n['handoff_us_median']:.2f} (target >= 0.80)")
         res["ratio_data"], res["ratio_handoff"] = pu / landed, pu / n["handoff_us_median"]
-    with open(os.path.join(ARGS.out, "nccl_device.json"), "w") as f:
+    with open(os.path.join(ARGS.out, ARGS.tag + ".json"), "w") as f:
         json.dump(res, f, indent=1)
-    with open(os.path.join(ARGS.out, "nccl_device.md"), "w") as f:
+    with open(os.path.join(ARGS.out, ARGS.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines))
     print(f"\n{len(FAILS)} failed checks")
