@@ -628,6 +628,15 @@ kd_nccl_job *kd_nccl_recv_async(kd_nccl *n, const char *comm_id, const kd_dev_re
     return j;
 }
 
+void kd_nccl_drop(kd_nccl *n, const char *comm_id) {
+    pthread_mutex_lock(&n->mu);
+    kd_nccl_link *l = find_locked(n, ROLE_RECV, comm_id);
+    if (l && !l->busy) unlink_locked(n, l);
+    else l = NULL;
+    pthread_mutex_unlock(&n->mu);
+    if (l) link_free(n, l);
+}
+
 void kd_nccl_cancel(kd_nccl *n, kd_nccl_job *j) {
     pthread_mutex_lock(&n->mu);
     for (kd_nccl_job *k = n->jobs; k; k = k->next)

@@ -100,6 +100,9 @@ typedef int (*kd_nccl_done_fn)(void *ctx, kd_nccl_link *l, int ok, const char *m
  * (FAILED_PRECONDITION: the sender must connect anew) or it is busy or broken. */
 kd_nccl_job *kd_nccl_recv_async(kd_nccl *n, const char *comm_id, const kd_dev_region *r, int count,
                                 kd_nccl_done_fn done, void *ctx, int *code, char *msg, size_t msglen);
+/* Tears down the idle link comm_id, if there is one (its sender gave up on it: a header it
+ * sent was refused, so its send is pending and the link is out of step). */
+void kd_nccl_drop(kd_nccl *n, const char *comm_id);
 /* Stops a job that has not completed yet (its done then reports ok = 0); a no-op for a job
  * whose done has already been called or is running. */
 void kd_nccl_cancel(kd_nccl *n, kd_nccl_job *j);

@@ -2137,6 +2137,9 @@ static void push_recv_done(void *obj, int ok) {
             if (code != KD_STATUS_OK) free(data);
         }
     }
+    if (code != KD_STATUS_OK && g_nccl && m && m->msg_case == KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER &&
+        m->header->transport == KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL)
+        kd_nccl_drop(g_nccl, m->header->nccl_comm_id); /* refused: the sender aborts its end */
     if (m) kdecode__v1__push_state_request__free_unpacked(m, NULL);
     if (code != KD_STATUS_OK) push_finish(p, code, msg, pushback, NULL);
     else push_recv_next(p);
@@ -2934,10 +2937,13 @@ static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, siz
         kd_err serr = {0}, werr = {0};
         const int crc = kd_client_client_stream(cl, "/kdecode.v1.Decoder/PushState", nccl_next, &src, 120, resp, resp_len,
                                                 &st, &serr);
-        const int waited = src.sent && !src.err.msg[0] ? kd_nccl_wait(g_nccl, l, &werr) : -1;
+        /* the send completes only if the decode worker posted its receive: wait for it after an
+         * acceptance; after a refusal the link is aborted below, which ends the send */
+        const int accepted = crc == 0 && st.code == KD_STATUS_OK;
+        const int waited = accepted && src.sent && !src.err.msg[0] ? kd_nccl_wait(g_nccl, l, &werr) : -1;
         *t_xfer = now_s() - src.t_send;
         free(src.buf), free(send);
-        const int ok = crc == 0 && st.code == KD_STATUS_OK && waited == 0;
+        const int ok = accepted && waited == 0;
         kd_nccl_release(g_nccl, l, !ok); /* a link left with a send or receive pending is of no use */
         rc = 0;
         if (ok) {

@@ -195,6 +195,30 @@ def equality(demo):
     dtext = D.text()
     check("NCCL transfer" in dtext and "handoff-dropped" in dtext, "the decode worker logged the dropped transfer")
 
+    # a refused header (no free slot): Prefill answers RESOURCE_EXHAUSTED at once (the sender
+    # aborts the link rather than waiting out its send), and a later handoff makes a new link
+    F = Server("decode-full", demo, "1,0", ["--role", "decode", "--handoff-transport", "nccl", "--max-seqs", "1",
+                                            "--max-queue", "0"])
+    ok1, _ = gen(F.target, [4, 5, 6], 2, 0, prefill=P.target, stats=True)  # the link exists
+    long_run = subprocess.Popen([os.path.join(ARGS.bin, "kdctl"), "generate", "--target", F.target, "--prompt-ids",
+                                 "9,9,9", "--max-tokens", "6000", "--ignore-eos", "--json", "--draft", "none"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while loads(F.target).get("slots_used", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    refused, er = gen(F.target, [4, 5, 6], 4, 0, prefill=P.target, stats=True)
+    dt = time.monotonic() - t0
+    still = long_run.poll() is None
+    check(ok1 is not None and refused is None and "RESOURCE_EXHAUSTED" in er.upper().replace(" ", "_") and dt < 5,
+          f"a full decode worker refuses the NCCL header: {er.strip()[:160]} in {dt:.2f} s (long request running: {still})")
+    long_run.wait(timeout=120)
+    again, ea = gen(F.target, [4, 5, 6], 4, 0, prefill=P.target, stats=True)
+    check(again is not None and again.get("prefill", {}).get("transport") == "HANDOFF_TRANSPORT_NCCL",
+          f"after the refusal: the next handoff over NCCL on a new link ({ea})")
+    wait_idle(F.target, "the 1-slot decode worker")
+    F.stop()
+
     # the decode worker restarts under the prefill worker's live link: refused as unknown, the
     # prefill worker connects anew and the request goes through
     D.stop()
