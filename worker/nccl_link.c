@@ -30,6 +30,7 @@ struct kd_nccl_link {
     double last_used;
     uint64_t *parts;               /* sender: the peer's receive split */
     int n_parts;
+    kd_sum64_scratch sums;         /* checksum work space */
 };
 
 enum { JOB_POSTING = 0, JOB_RUNNING = 1 };
@@ -102,6 +103,7 @@ static void link_free(kd_nccl *n, kd_nccl_link *l) {
     if (l->stream) cudaStreamSynchronize(l->stream);
     if (l->ev) cudaEventDestroy(l->ev);
     if (l->stream) cudaStreamDestroy(l->stream);
+    kd_cuda_sum64_scratch_free(&l->sums);
     (void)cudaGetLastError();
     free(l->parts);
     free(l);
@@ -144,8 +146,9 @@ static kd_nccl_link *link_new(kd_nccl *n, int role, const char *key, char *msg, 
     cudaError_t e = cudaSetDevice(n->o.device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&l->ev, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
-        snprintf(msg, len, "CUDA: %s", cudaGetErrorString(e));
+    kd_err err;
+    if (e != cudaSuccess || kd_cuda_sum64_scratch_init(&l->sums, &err)) {
+        snprintf(msg, len, "CUDA: %.300s", e != cudaSuccess ? cudaGetErrorString(e) : err.msg);
         link_free(n, l);
         return NULL;
     }
@@ -343,9 +346,9 @@ int kd_nccl_copy_to_host(kd_nccl *n, void *dst, const void *src, size_t bytes, k
     return 0;
 }
 
-int kd_nccl_sum64(kd_nccl *n, const kd_dev_region *r, int count, uint64_t *out, void *stream, kd_err *err) {
+int kd_nccl_sum64(kd_nccl *n, kd_nccl_link *l, const kd_dev_region *r, int count, uint64_t *out, kd_err *err) {
     cudaSetDevice(n->o.device);
-    return kd_cuda_sum64(r, count, out, stream, err);
+    return kd_cuda_sum64(r, count, out, l->stream, &l->sums, err);
 }
 
 int kd_nccl_count(kd_nccl *n) {

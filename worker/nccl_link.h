@@ -50,8 +50,9 @@ void *kd_nccl_buf_get(kd_nccl *n, size_t bytes);
 void kd_nccl_buf_put(kd_nccl *n, void *buf, size_t bytes);
 /* Device (or host) memory to host memory. */
 int kd_nccl_copy_to_host(kd_nccl *n, void *dst, const void *src, size_t bytes, kd_err *err);
-/* sum64 of regions of device memory, on the device (kd_cuda_sum64 on the pool's device). */
-int kd_nccl_sum64(kd_nccl *n, const kd_dev_region *r, int count, uint64_t *out, void *stream, kd_err *err);
+/* sum64 of regions of device memory, on the device, on the link's stream with its kept work
+ * space (kd_cuda_sum64 on the pool's device). */
+int kd_nccl_sum64(kd_nccl *n, kd_nccl_link *l, const kd_dev_region *r, int count, uint64_t *out, kd_err *err);
 
 /* 1..KD_NCCL_ID_MAX characters of [0-9A-Za-z_.-]. */
 int kd_nccl_valid_id(const char *id);

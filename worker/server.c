@@ -2893,7 +2893,7 @@ static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, siz
         kd_nccl_link *l = kd_nccl_acquire_to(g_nccl, p->target, nccl_connect_rpc, cl, err);
         kd_metrics_set(g_srv.metrics, KD_G_NCCL_LINKS, kd_nccl_count(g_nccl));
         if (!l) goto out;
-        if (kd_nccl_sum64(g_nccl, regs, (int)ns_, sums, kd_nccl_link_stream(l), err)) {
+        if (kd_nccl_sum64(g_nccl, l, regs, (int)ns_, sums, err)) {
             kd_nccl_release(g_nccl, l, 0);
             goto out;
         }
@@ -3016,7 +3016,7 @@ static int push_nccl_done(void *ctx, kd_nccl_link *l, int ok, const char *why) {
     } else {
         uint64_t *sums = malloc(g_layout.n * sizeof *sums);
         kd_err err;
-        if (!sums || kd_nccl_sum64(g_nccl, p->regs, (int)g_layout.n, sums, kd_nccl_link_stream(l), &err)) {
+        if (!sums || kd_nccl_sum64(g_nccl, l, p->regs, (int)g_layout.n, sums, &err)) {
             code = KD_STATUS_INTERNAL, broken = 1;
             snprintf(msg, sizeof msg, "checking the state: %.400s", sums ? err.msg : "out of memory");
         }

@@ -47,23 +47,37 @@ __global__ void sum64_kernel(Regions r, unsigned long long *out) {
 
 } // namespace
 
-extern "C" int kd_cuda_sum64(const kd_dev_region *r, int n, uint64_t *out, void *stream_, kd_err *err) {
+extern "C" int kd_cuda_sum64_scratch_init(kd_sum64_scratch *s, kd_err *err) {
+    s->dev = s->host = NULL;
+    cudaError_t e = cudaMalloc(&s->dev, sizeof(unsigned long long) * kMaxRegions);
+    if (e == cudaSuccess) e = cudaMallocHost(&s->host, sizeof(unsigned long long) * kMaxRegions);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        kd_cuda_sum64_scratch_free(s);
+        return kd_fail(err, "sum64 work space: %s", cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" void kd_cuda_sum64_scratch_free(kd_sum64_scratch *s) {
+    if (s->dev) cudaFree(s->dev);
+    if (s->host) cudaFreeHost(s->host);
+    s->dev = s->host = NULL;
+}
+
+extern "C" int kd_cuda_sum64(const kd_dev_region *r, int n, uint64_t *out, void *stream_, kd_sum64_scratch *scratch,
+                             kd_err *err) {
     cudaStream_t stream = (cudaStream_t)stream_;
     if (n <= 0) return 0;
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    // The stream-ordered pool gives its memory back at every synchronization by default, and
-    // mapping it again costs hundreds of microseconds: keep a little.
-    static int kept[64];
-    if (dev >= 0 && dev < 64 && !__atomic_exchange_n(&kept[dev], 1, __ATOMIC_ACQ_REL)) {
-        cudaMemPool_t pool;
-        uint64_t keep = 1u << 20;
-        if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess)
-            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-        (void)cudaGetLastError();
+    kd_sum64_scratch own = {NULL, NULL};
+    if (!scratch) {
+        if (kd_cuda_sum64_scratch_init(&own, err)) return -1;
+        scratch = &own;
     }
-    unsigned long long *d = NULL;
-    cudaError_t e = cudaMallocAsync((void **)&d, sizeof *d * kMaxRegions, stream);
+    unsigned long long *d = (unsigned long long *)scratch->dev, *h = (unsigned long long *)scratch->host;
+    cudaError_t e = cudaSuccess;
     for (int at = 0; e == cudaSuccess && at < n; at += kMaxRegions) {
         const int m = n - at < kMaxRegions ? n - at : kMaxRegions;
         Regions g;
@@ -71,8 +85,7 @@ extern "C" int kd_cuda_sum64(const kd_dev_region *r, int n, uint64_t *out, void 
         uint64_t most = 0;
         for (int i = 0; i < m; i++) {
             if (r[at + i].n_bytes % 4) {
-                cudaFreeAsync(d, stream);
-                cudaStreamSynchronize(stream);
+                kd_cuda_sum64_scratch_free(&own);
                 return kd_fail(err, "sum64: region of %llu bytes is not whole 32-bit words",
                                (unsigned long long)r[at + i].n_bytes);
             }
@@ -89,14 +102,11 @@ extern "C" int kd_cuda_sum64(const kd_dev_region *r, int n, uint64_t *out, void 
         if (bx < 1) bx = 1;
         sum64_kernel<<<dim3((unsigned)bx, (unsigned)m), kThreads, 0, stream>>>(g, d);
         e = cudaGetLastError();
-        unsigned long long h[kMaxRegions];
         if (e == cudaSuccess) e = cudaMemcpyAsync(h, d, sizeof *d * m, cudaMemcpyDeviceToHost, stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
         for (int i = 0; e == cudaSuccess && i < m; i++) out[at + i] = kd_fmix64((uint64_t)h[i] ^ (g.n[i] * KD_SUM64_GOLDEN));
     }
-    if (d) cudaFreeAsync(d, stream);
-    cudaError_t e2 = cudaStreamSynchronize(stream);
-    if (e == cudaSuccess) e = e2;
+    kd_cuda_sum64_scratch_free(&own);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return kd_fail(err, "sum64 on the device: %s", cudaGetErrorString(e));

@@ -317,6 +317,9 @@ def main():
         lines.append(f"| cudaMemcpyPeer GPU0->GPU1 (the floor) | {pu:.1f} |")
         lines.append(f"| NCCL in one process, one send of all bytes | {floor.get('nccl_inproc_one_us', 0):.1f} |")
         lines.append(f"| NCCL in one process, one send per section | {floor.get('nccl_inproc_sections_us', 0):.1f} |")
+        if "sum64_sections_kept_us" in floor:
+            lines.append(f"| sum64 of the 40 sections on GPU 1, work space kept / allocated per call | "
+                         f"{floor['sum64_sections_kept_us']:.1f} / {floor['sum64_sections_alloc_us']:.1f} |")
     for k, v in (("NCCL transfer (send to completion)", n.get("transfer_us_median")),
                  ("NCCL handoff (Prefill's handoff_seconds)", n.get("handoff_us_median")),
                  ("decode side: header to verified state", n.get("decode_side_us_median")),

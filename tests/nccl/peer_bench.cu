@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 #include <random>
@@ -57,7 +58,7 @@ static int check_sum64(std::mt19937_64 &rng, int *n_checks) {
             kd_dev_region r[2] = {{d + off, sz}, {d + off, sz}};
             uint64_t out[2] = {0xdeadbeefdeadbeefull, 0xdeadbeefdeadbeefull}, ref = kd_sum64(hb, sz);
             kd_err err;
-            if (kd_cuda_sum64(r, 2, out, NULL, &err)) {
+            if (kd_cuda_sum64(r, 2, out, NULL, NULL, &err)) {
                 fprintf(stderr, "peer_bench: %s\n", err.msg);
                 exit(1);
             }
@@ -74,7 +75,7 @@ static int check_sum64(std::mt19937_64 &rng, int *n_checks) {
             v ^= 1u << (rng() % 32);
             CK(cudaMemcpy(d + off + 4 * w, &v, 4, cudaMemcpyHostToDevice));
             uint64_t flipped = 0;
-            if (kd_cuda_sum64(r, 1, &flipped, NULL, &err)) exit(1);
+            if (kd_cuda_sum64(r, 1, &flipped, NULL, NULL, &err)) exit(1);
             ++*n_checks;
             if (flipped == ref) {
                 fprintf(stderr, "sum64 did not change with word %zu of %zu flipped\n", w, sz / 4);
@@ -83,7 +84,7 @@ static int check_sum64(std::mt19937_64 &rng, int *n_checks) {
             // a zeroed region is not the state
             CK(cudaMemset(d + off, 0, sz));
             uint64_t zero = 0;
-            if (kd_cuda_sum64(r, 1, &zero, NULL, &err)) exit(1);
+            if (kd_cuda_sum64(r, 1, &zero, NULL, NULL, &err)) exit(1);
             std::vector<unsigned char> zh(sz, 0);
             ++*n_checks;
             if (zero == ref || zero != kd_sum64(zh.data(), sz)) {
@@ -188,6 +189,27 @@ int main(int argc, char **argv) {
             if (i >= 3) (mode ? regions : one).push_back(ms * 1e3);
         }
     }
+    // sum64 over the handoff's sections on GPU 1 (what the decode worker checks): work space
+    // allocated per call vs kept, right after the transfers (busy clocks)
+    std::vector<kd_dev_region> regs;
+    for (size_t k = 0, at = 0; k < sect.size(); at += sect[k], k++) regs.push_back({dst + at, sect[k]});
+    std::vector<uint64_t> sums(regs.size());
+    kd_sum64_scratch keep;
+    kd_err serr;
+    CK(cudaSetDevice(1));
+    if (kd_cuda_sum64_scratch_init(&keep, &serr)) exit(1);
+    std::vector<double> t_alloc, t_kept;
+    for (int i = 0; i < 23; i++) {
+        for (int mode = 0; mode < 2; mode++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            if (kd_cuda_sum64(regs.data(), (int)regs.size(), sums.data(), s1, mode ? &keep : NULL, &serr)) exit(1);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            const double us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) * 1e-3;
+            if (i >= 3) (mode ? t_kept : t_alloc).push_back(us);
+        }
+    }
+    kd_cuda_sum64_scratch_free(&keep);
     // the bytes arrived
     std::vector<unsigned char> back(bytes);
     CK(cudaSetDevice(1));
@@ -199,8 +221,9 @@ int main(int argc, char **argv) {
     const double pm = median(peer);
     printf("{\"devices\":%d,\"peer_access\":[%d,%d],\"bytes\":%zu,\"sections\":%zu,\"memcpy_peer_us\":%.2f,"
            "\"memcpy_peer_gbps\":%.1f,\"nccl_inproc_one_us\":%.2f,\"nccl_inproc_sections_us\":%.2f,"
-           "\"nccl_wrong_bytes\":%zu,\"sum64_checks\":%d,\"sum64_bad\":%d}\n",
+           "\"nccl_wrong_bytes\":%zu,\"sum64_checks\":%d,\"sum64_bad\":%d,\"sum64_sections_alloc_us\":%.1f,"
+           "\"sum64_sections_kept_us\":%.1f}\n",
            ndev, can01, can10, bytes, sect.size(), pm, bytes / pm * 1e-3, median(one), median(regions), wrong, n_checks,
-           bad);
+           bad, median(t_alloc), median(t_kept));
     return bad || wrong ? 1 : 0;
 }

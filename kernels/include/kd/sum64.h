@@ -41,10 +41,20 @@ typedef struct kd_dev_region {
     uint64_t n_bytes;
 } kd_dev_region;
 
+/* Work space of kd_cuda_sum64 kept by a caller that checks often (a handoff link): 64 sums
+ * in device memory and in pinned host memory. */
+typedef struct kd_sum64_scratch {
+    void *dev, *host;
+} kd_sum64_scratch;
+int kd_cuda_sum64_scratch_init(kd_sum64_scratch *s, kd_err *err);
+void kd_cuda_sum64_scratch_free(kd_sum64_scratch *s);
+
 /* sum64 of each of n device regions (device memory of the current CUDA device), computed on
  * the device on `stream` (a cudaStream_t; NULL: the default stream); out[n] on the host.
- * Waits for the result. Fails (with a message) without CUDA or on a device error. */
-int kd_cuda_sum64(const kd_dev_region *r, int n, uint64_t *out, void *stream, kd_err *err);
+ * scratch: kept work space, or NULL (then allocated and freed per call). Waits for the
+ * result. Fails (with a message) without CUDA or on a device error. */
+int kd_cuda_sum64(const kd_dev_region *r, int n, uint64_t *out, void *stream, kd_sum64_scratch *scratch,
+                  kd_err *err);
 
 #ifdef __cplusplus
 }
