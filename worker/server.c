@@ -2299,6 +2299,31 @@ static void prefill_reply(prefill_call *p, const Kdecode__V1__PrefillResponse *r
     reply_message(p->call, bb, 0, 0);
 }
 
+/* The header of p's handoff: this worker's layout, the request's prompt and first token;
+ * the caller adds the checksums (and the transport). secs, secp: g_layout.n each. */
+static void handoff_header_fill(prefill_call *p, Kdecode__V1__StateSection *secs, Kdecode__V1__StateSection **secp,
+                                Kdecode__V1__StateLayout *ly, Kdecode__V1__HandoffHeader *hd) {
+    for (size_t i = 0; i < g_layout.n; i++) {
+        kdecode__v1__state_section__init(&secs[i]);
+        secs[i].name = g_layout.names[i];
+        secs[i].dtype = (char *)kd_dtype_name(g_srv.be->state_dtype);
+        secs[i].n_shape = (size_t)g_layout.nd[i];
+        secs[i].shape = g_layout.shapes[i];
+        secs[i].offset = g_layout.sects[i].offset;
+        secs[i].size = g_layout.sects[i].size;
+        secp[i] = &secs[i];
+    }
+    ly->version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
+    ly->n_sections = g_layout.n, ly->sections = secp, ly->total_bytes = g_layout.total;
+    hd->version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
+    hd->request_id = p->id;
+    hd->model_fingerprint = g_layout.fingerprint;
+    hd->n_prompt_token_ids = (size_t)p->params.n_prompt;
+    hd->prompt_token_ids = p->prompt;
+    hd->first_token = p->first_token;
+    hd->layout = ly;
+}
+
 /* The push: a header, then the state in 1 MiB chunks. */
 typedef struct push_src {
     prefill_call *p;
@@ -2422,16 +2447,7 @@ static void *prefill_push_main(void *arg) {
             goto done;
         }
     }
-    for (size_t i = 0; i < g_layout.n; i++) {
-        kdecode__v1__state_section__init(&secs[i]);
-        secs[i].name = g_layout.names[i];
-        secs[i].dtype = (char *)kd_dtype_name(g_srv.be->state_dtype);
-        secs[i].n_shape = (size_t)g_layout.nd[i];
-        secs[i].shape = g_layout.shapes[i];
-        secs[i].offset = g_layout.sects[i].offset;
-        secs[i].size = g_layout.sects[i].size;
-        secp[i] = &secs[i];
-    }
+    handoff_header_fill(p, secs, secp, &ly, &hd);
     push_hash ph;
     push_hash_start(&ph, p->state, secs);
     kd_err err;
@@ -2441,17 +2457,6 @@ static void *prefill_push_main(void *arg) {
     if ((cl = peer_client(p->target, &owned, &err))) kd_client_preconnect(cl);
     cl_cached = cl && !owned;
     push_hash_finish(&ph);
-    ly.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
-    ly.n_sections = g_layout.n;
-    ly.sections = secp;
-    ly.total_bytes = g_layout.total;
-    hd.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
-    hd.request_id = p->id;
-    hd.model_fingerprint = g_layout.fingerprint;
-    hd.n_prompt_token_ids = (size_t)p->params.n_prompt;
-    hd.prompt_token_ids = p->prompt;
-    hd.first_token = p->first_token;
-    hd.layout = &ly;
     kd_call_status st;
     if (!cl) {
         code = KD_STATUS_UNAVAILABLE;
@@ -2899,26 +2904,8 @@ static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, siz
         }
         Kdecode__V1__HandoffHeader hd = KDECODE__V1__HANDOFF_HEADER__INIT;
         Kdecode__V1__StateLayout ly = KDECODE__V1__STATE_LAYOUT__INIT;
-        for (size_t i = 0; i < ns_; i++) {
-            kdecode__v1__state_section__init(&secs[i]);
-            secs[i].name = g_layout.names[i];
-            secs[i].dtype = (char *)kd_dtype_name(g_srv.be->state_dtype);
-            secs[i].n_shape = (size_t)g_layout.nd[i];
-            secs[i].shape = g_layout.shapes[i];
-            secs[i].offset = g_layout.sects[i].offset;
-            secs[i].size = g_layout.sects[i].size;
-            secs[i].sum64 = sums[i];
-            secp[i] = &secs[i];
-        }
-        ly.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
-        ly.n_sections = ns_, ly.sections = secp, ly.total_bytes = g_layout.total;
-        hd.version = KDECODE__V1__HANDOFF_VERSION__HANDOFF_VERSION_1;
-        hd.request_id = p->id;
-        hd.model_fingerprint = g_layout.fingerprint;
-        hd.n_prompt_token_ids = (size_t)p->params.n_prompt;
-        hd.prompt_token_ids = p->prompt;
-        hd.first_token = p->first_token;
-        hd.layout = &ly;
+        handoff_header_fill(p, secs, secp, &ly, &hd);
+        for (size_t i = 0; i < ns_; i++) secs[i].sum64 = sums[i];
         hd.transport = KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL;
         hd.nccl_comm_id = (char *)kd_nccl_link_id(l);
         const uint64_t *parts;
