@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,14 +19,31 @@
 
 enum { ROLE_SEND = 0, ROLE_RECV = 1 };
 
+/* A blocking communicator being created on a thread of its own (see link_join). Shared by the
+ * link and the thread: whoever lets go of it last frees it. */
+typedef struct joiner {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                      /* the link's and the thread's */
+    int state;                     /* 0 joining, 1 joined, -1 failed */
+    ncclComm_t comm;               /* state 1: the link takes it */
+    char msg[300];
+    ncclUniqueId uid;
+    int rank, device;
+    size_t warm_bytes;
+    double seconds;
+} joiner;
+
 struct kd_nccl_link {
     kd_nccl_link *next;
     int role;
     char key[256];                 /* sender: the target; receiver: the comm id */
     char id[KD_NCCL_ID_MAX + 1];   /* the comm id */
     ncclComm_t comm;
+    joiner *j;                     /* the communicator while it is being created (blocking mode) */
     cudaStream_t stream;
     cudaEvent_t ev;
+    cudaEvent_t t0, t1;            /* receiver: around the last receive, timed on the GPU */
     int busy, joined, creating;
     double last_used;
     uint64_t *parts;               /* sender: the peer's receive split */
@@ -66,7 +84,13 @@ struct kd_nccl {
     void *bufs[4];                 /* device buffers kept for reuse, of buf_bytes each */
     int n_bufs;
     size_t buf_bytes;
+    int nonblocking;               /* transfers on non-blocking communicators (KDECODE_NCCL_NONBLOCKING=1) */
 };
+
+/* Joiner threads that outlived their link's deadline and still wait inside NCCL (a peer that
+ * never joined): bounded, so that a misbehaving peer cannot pile up threads. */
+static int g_stray_joiners;
+#define KD_NCCL_STRAY_MAX 8
 
 static double now_s(void) {
     struct timespec ts;
@@ -74,8 +98,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Waits here sleep 20 us at a time: transfers take ~100 us and more. The calling thread's timer
+ * slack is cut to 1 us first (Linux lets a sleep run 50 us late by default, which was a third
+ * of a transfer). */
 static void nap(void) {
-    struct timespec ts = {0, 20000}; /* 20 us: transfers take ~100 us and more */
+    static __thread int slack_set;
+    if (!slack_set) slack_set = 1, (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    struct timespec ts = {0, 20000};
     nanosleep(&ts, NULL);
 }
 
@@ -97,11 +126,16 @@ int kd_nccl_valid_id(const char *id) {
 }
 
 /* Aborts and frees a link that is out of the list (or never was in it). */
+static void joiner_let_go(joiner *j);
+
 static void link_free(kd_nccl *n, kd_nccl_link *l) {
+    if (l->j) joiner_let_go(l->j), l->j = NULL;
     cudaSetDevice(n->o.device);
     if (l->comm) ncclCommAbort(l->comm); /* stops any transfer still running on it */
     if (l->stream) cudaStreamSynchronize(l->stream);
     if (l->ev) cudaEventDestroy(l->ev);
+    if (l->t0) cudaEventDestroy(l->t0);
+    if (l->t1) cudaEventDestroy(l->t1);
     if (l->stream) cudaStreamDestroy(l->stream);
     kd_cuda_sum64_scratch_free(&l->sums);
     (void)cudaGetLastError();
@@ -146,6 +180,8 @@ static kd_nccl_link *link_new(kd_nccl *n, int role, const char *key, char *msg, 
     cudaError_t e = cudaSetDevice(n->o.device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&l->ev, cudaEventDisableTiming);
+    if (e == cudaSuccess && role == ROLE_RECV) e = cudaEventCreate(&l->t0);
+    if (e == cudaSuccess && role == ROLE_RECV) e = cudaEventCreate(&l->t1);
     kd_err err;
     if (e != cudaSuccess || kd_cuda_sum64_scratch_init(&l->sums, &err)) {
         snprintf(msg, len, "CUDA: %.300s", e != cudaSuccess ? cudaGetErrorString(e) : err.msg);
@@ -155,16 +191,126 @@ static kd_nccl_link *link_new(kd_nccl *n, int role, const char *key, char *msg, 
     return l;
 }
 
-/* Starts joining (non-blocking communicator). */
-static int link_join(kd_nccl *n, kd_nccl_link *l, const ncclUniqueId *uid, int rank, char *msg, size_t len) {
-    cudaSetDevice(n->o.device);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&l->comm, 2, *uid, rank, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(msg, len, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+/* The link lets go of its joiner: a thread still joining frees it when it ends (and aborts
+ * the communicator it made); a communicator made and not taken is aborted here. */
+static void joiner_let_go(joiner *j) {
+    pthread_mutex_lock(&j->mu);
+    ncclComm_t c = j->state == 1 ? j->comm : NULL;
+    j->comm = NULL;
+    if (j->state == 0) __atomic_add_fetch(&g_stray_joiners, 1, __ATOMIC_SEQ_CST);
+    const int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (c) ncclCommAbort(c);
+    if (last) pthread_cond_destroy(&j->cv), pthread_mutex_destroy(&j->mu), free(j);
+}
+
+/* One transfer of warm_bytes between the two ranks, so that NCCL connects the channels and
+ * protocols a state's transfer uses now, not inside the first handoff (on a blocking
+ * communicator a send or receive that must connect waits for its peer on the host). The
+ * stream is polled against the deadline; past it the communicator is aborted. */
+static int warm_up(ncclComm_t c, int rank, size_t bytes, double deadline, char *msg, size_t len) {
+    void *b = NULL;
+    cudaStream_t s = NULL;
+    if (bytes < 4) bytes = 4;
+    cudaError_t e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(msg, len, "CUDA: %s", cudaGetErrorString(e));
+        if (b) cudaFree(b);
         return -1;
     }
+    ncclResult_t r = rank == 0 ? ncclSend(b, bytes, ncclUint8, 1, c, s) : ncclRecv(b, bytes, ncclUint8, 0, c, s);
+    int rc = 0;
+    if (r != ncclSuccess) {
+        snprintf(msg, len, "first transfer: %s (%s)", ncclGetErrorString(r), ncclGetLastError(c));
+        rc = -1;
+    } else {
+        while ((e = cudaStreamQuery(s)) == cudaErrorNotReady && now_s() < deadline) nap();
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(msg, len, "first transfer: %s", e == cudaErrorNotReady ? "timed out" : cudaGetErrorString(e));
+            rc = -1;
+        }
+    }
+    if (rc) ncclCommAbort(c); /* ends a transfer still waiting for its peer */
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    cudaFree(b);
+    (void)cudaGetLastError();
+    return rc;
+}
+
+static void *joiner_main(void *arg) {
+    joiner *j = arg;
+    char msg[300] = "";
+    ncclComm_t c = NULL;
+    const double deadline = now_s() + j->seconds;
+    cudaError_t e = cudaSetDevice(j->device);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 1;
+    ncclResult_t r = e == cudaSuccess ? ncclCommInitRankConfig(&c, 2, j->uid, j->rank, &cfg) : ncclSystemError;
+    if (r != ncclSuccess) {
+        snprintf(msg, sizeof msg, "ncclCommInitRankConfig: %s", e == cudaSuccess ? ncclGetErrorString(r)
+                                                                                : cudaGetErrorString(e));
+        if (c) ncclCommAbort(c);
+        c = NULL;
+    } else if (warm_up(c, j->rank, j->warm_bytes, deadline, msg, sizeof msg)) {
+        c = NULL; /* aborted */
+    }
+    pthread_mutex_lock(&j->mu);
+    const int alone = j->refs == 1; /* the link let go: nobody takes the communicator */
+    if (alone) __atomic_sub_fetch(&g_stray_joiners, 1, __ATOMIC_SEQ_CST);
+    j->state = c ? 1 : -1;
+    j->comm = alone ? NULL : c;
+    snprintf(j->msg, sizeof j->msg, "%s", msg);
+    pthread_cond_broadcast(&j->cv);
+    const int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (alone && c) ncclCommAbort(c);
+    if (last) pthread_cond_destroy(&j->cv), pthread_mutex_destroy(&j->mu), free(j);
+    return NULL;
+}
+
+/* Starts joining. Blocking mode (the default): the communicator is a blocking one, so that a
+ * transfer is launched by the calling thread at once (a non-blocking communicator launches each
+ * group from a thread NCCL starts for it, which measured ~140 us per transfer on the H200), made
+ * on a thread of its own so that the caller still waits with a deadline (link_settle). */
+static int link_join(kd_nccl *n, kd_nccl_link *l, const ncclUniqueId *uid, int rank, char *msg, size_t len) {
+    cudaSetDevice(n->o.device);
+    if (n->nonblocking) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        ncclResult_t r = ncclCommInitRankConfig(&l->comm, 2, *uid, rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            snprintf(msg, len, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+            return -1;
+        }
+        return 0;
+    }
+    if (__atomic_load_n(&g_stray_joiners, __ATOMIC_SEQ_CST) >= KD_NCCL_STRAY_MAX)
+        return snprintf(msg, len, "%d NCCL joins are still waiting for peers that never came", KD_NCCL_STRAY_MAX), -1;
+    joiner *j = calloc(1, sizeof *j);
+    if (!j) return snprintf(msg, len, "out of memory"), -1;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    j->uid = *uid;
+    j->rank = rank;
+    j->device = n->o.device;
+    j->warm_bytes = n->o.warm_bytes;
+    j->seconds = n->o.connect_seconds;
+    pthread_attr_t at;
+    pthread_t t;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    const int rc = pthread_create(&t, &at, joiner_main, j);
+    pthread_attr_destroy(&at);
+    if (rc) {
+        pthread_cond_destroy(&j->cv), pthread_mutex_destroy(&j->mu), free(j);
+        return snprintf(msg, len, "cannot start a thread to join the communicator"), -1;
+    }
+    l->j = j;
     return 0;
 }
 
@@ -180,6 +326,28 @@ static int comm_settle(ncclComm_t c, double deadline, const char *what, char *ms
         if (now_s() > deadline) return snprintf(msg, len, "%s: timed out", what), -1;
         nap();
     }
+}
+
+/* Waits until the link's communicator is made (either mode), at most until deadline. */
+static int link_settle(kd_nccl_link *l, double deadline, char *msg, size_t len) {
+    joiner *j = l->j;
+    if (!j) return comm_settle(l->comm, deadline, "joining", msg, len);
+    pthread_mutex_lock(&j->mu);
+    while (j->state == 0 && now_s() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    }
+    const int st = j->state;
+    if (st == 1) l->comm = j->comm, j->comm = NULL;
+    if (st == -1) snprintf(msg, len, "joining: %s", j->msg);
+    if (st == 0) snprintf(msg, len, "joining: timed out");
+    pthread_mutex_unlock(&j->mu);
+    l->j = NULL;
+    joiner_let_go(j);
+    return st == 1 ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ the pool's thread */
@@ -210,7 +378,9 @@ static void *waiter_main(void *arg) {
                     finished = -3;
                 } else if (j->state == JOB_POSTING) {
                     if (st == ncclSuccess) {
-                        if (cudaEventRecord(j->l->ev, j->l->stream) == cudaSuccess) j->state = JOB_RUNNING;
+                        if (cudaEventRecord(j->l->t1, j->l->stream) == cudaSuccess &&
+                            cudaEventRecord(j->l->ev, j->l->stream) == cudaSuccess)
+                            j->state = JOB_RUNNING;
                         else finished = -4;
                     }
                 } else {
@@ -277,6 +447,8 @@ kd_nccl *kd_nccl_create(const kd_nccl_opts *o, kd_err *err) {
         return NULL;
     }
     n->o = *o;
+    const char *nb = getenv("KDECODE_NCCL_NONBLOCKING");
+    n->nonblocking = nb && !strcmp(nb, "1");
     if (n->o.max_links < 1) n->o.max_links = 1;
     pthread_mutex_init(&n->mu, NULL);
     pthread_cond_init(&n->cv, NULL);
@@ -482,8 +654,7 @@ kd_nccl_link *kd_nccl_acquire_to(kd_nccl *n, const char *target, kd_nccl_connect
         snprintf(msg, sizeof msg, "ncclGetUniqueId: %s", ncclGetErrorString(r));
     } else if (connect(ctx, l, target, l->id, &uid, sizeof uid, &cerr)) {
         snprintf(msg, sizeof msg, "%.390s", cerr.msg);
-    } else if (!link_join(n, l, &uid, ROLE_SEND, msg, sizeof msg) &&
-               !comm_settle(l->comm, deadline, "joining", msg, sizeof msg)) {
+    } else if (!link_join(n, l, &uid, ROLE_SEND, msg, sizeof msg) && !link_settle(l, deadline, msg, sizeof msg)) {
         l->joined = 1;
         return l;
     }
@@ -605,7 +776,7 @@ kd_nccl_job *kd_nccl_recv_async(kd_nccl *n, const char *comm_id, const kd_dev_re
     }
     cudaSetDevice(n->o.device);
     if (!l->joined) { /* the sender has joined before it sends a header: this is short */
-        if (comm_settle(l->comm, now_s() + n->o.connect_seconds, "joining", msg, msglen)) {
+        if (link_settle(l, now_s() + n->o.connect_seconds, msg, msglen)) {
             kd_nccl_release(n, l, 1);
             free(j);
             *code = KD_STATUS_FAILED_PRECONDITION;
@@ -613,7 +784,9 @@ kd_nccl_job *kd_nccl_recv_async(kd_nccl *n, const char *comm_id, const kd_dev_re
         }
         l->joined = 1;
     }
-    if (group_regions(l, r, count, 0, msg, msglen)) {
+    const cudaError_t te = cudaEventRecord(l->t0, l->stream);
+    if (te != cudaSuccess) (void)cudaGetLastError(), snprintf(msg, msglen, "CUDA: %s", cudaGetErrorString(te));
+    if (te != cudaSuccess || group_regions(l, r, count, 0, msg, msglen)) {
         kd_nccl_release(n, l, 1);
         free(j);
         *code = KD_STATUS_FAILED_PRECONDITION;
@@ -645,4 +818,13 @@ void kd_nccl_cancel(kd_nccl *n, kd_nccl_job *j) {
     for (kd_nccl_job *k = n->jobs; k; k = k->next)
         if (k == j) k->cancelled = 1;
     pthread_mutex_unlock(&n->mu);
+}
+
+double kd_nccl_link_gpu_seconds(kd_nccl_link *l) {
+    float ms = -1.f;
+    if (!l->t0 || !l->t1 || cudaEventElapsedTime(&ms, l->t0, l->t1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1.0;
+    }
+    return ms * 1e-3;
 }

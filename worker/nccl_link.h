@@ -7,8 +7,11 @@
  * bounded pool on each side, carry one handoff at a time (NCCL matches sends and receives in
  * issue order, so a link is held exclusively from the header to the end of the transfer),
  * and are torn down (ncclCommAbort) when a transfer fails or times out, when the peer is
- * lost, or after idle_seconds unused. Every communicator is non-blocking: nothing here waits
- * on a peer without a deadline.
+ * lost, or after idle_seconds unused. Nothing here waits on a peer without a deadline:
+ * communicators are blocking ones (a transfer is launched by the calling thread, without the
+ * thread NCCL starts per group of a non-blocking one) created on a thread of their own, with a
+ * first transfer of warm_bytes that connects what later transfers use, while the caller waits
+ * for it with a deadline; KDECODE_NCCL_NONBLOCKING=1 selects non-blocking communicators.
  *
  * Transfers go straight between device buffers (the sender's export buffer, the receiver's
  * slot) on a stream of the link's own; nothing is staged through the host. */
@@ -30,6 +33,7 @@ typedef struct kd_nccl_opts {
     double idle_seconds;     /* an unused link is torn down after this long */
     double connect_seconds;  /* creating a communicator: both ranks joined within this */
     double transfer_seconds; /* a transfer not complete after this is aborted */
+    size_t warm_bytes;       /* a new link moves this many bytes once before its first handoff */
 } kd_nccl_opts;
 
 #define KD_NCCL_UID_BYTES 128
@@ -107,6 +111,9 @@ void kd_nccl_drop(kd_nccl *n, const char *comm_id);
 /* Stops a job that has not completed yet (its done then reports ok = 0); a no-op for a job
  * whose done has already been called or is running. */
 void kd_nccl_cancel(kd_nccl *n, kd_nccl_job *j);
+/* Seconds the link's last receive took on the GPU (CUDA events around it; the sender posts
+ * first, so this is the transfer itself), or -1 when not known. In done, with ok = 1. */
+double kd_nccl_link_gpu_seconds(kd_nccl_link *l);
 /* The link's CUDA stream (a cudaStream_t), for work that must follow its transfers. */
 void *kd_nccl_link_stream(kd_nccl_link *l);
 

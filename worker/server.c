@@ -1898,6 +1898,7 @@ struct push_call {
     kd_nccl_job *job;             /* the NCCL receive, until its completion (under mu) */
     kd_dev_region *regs;          /* the slot's device regions, one per section */
     double t_posted, t_landed;    /* NCCL: receive posted, data landed */
+    double t_gpu;                 /* NCCL: the receive's time on the GPU (-1: unknown) */
 };
 
 static void push_unref(push_call *p) {
@@ -2997,6 +2998,7 @@ static int push_nccl_done(void *ctx, kd_nccl_link *l, int ok, const char *why) {
     p->job = NULL;
     pthread_mutex_unlock(&p->mu);
     p->t_landed = now_s();
+    p->t_gpu = ok ? kd_nccl_link_gpu_seconds(l) : -1.0;
     if (!ok) {
         code = KD_STATUS_UNAVAILABLE;
         snprintf(msg, sizeof msg, "the state transfer over NCCL failed: %.400s", why);
@@ -3024,10 +3026,11 @@ static int push_nccl_done(void *ctx, kd_nccl_link *l, int ok, const char *why) {
         }
         pthread_mutex_unlock(&g_srv.mu);
     } else if (code == KD_STATUS_OK) {
-        char how[160];
+        char how[200];
         const double t = now_s();
-        snprintf(how, sizeof how, " over NCCL (receive posted at %.6f s, landed %.6f s later, checked %.6f s later)",
-                 p->t_posted - p->t0, p->t_landed - p->t_posted, t - p->t_landed);
+        snprintf(how, sizeof how,
+                 " over NCCL (receive posted at %.6f s, landed %.6f s later (%.6f s on the GPU), checked %.6f s later)",
+                 p->t_posted - p->t0, p->t_landed - p->t_posted, p->t_gpu, t - p->t_landed);
         push_ready(p, how);
     } else {
         push_finish(p, code, msg, -1, NULL);
@@ -3227,7 +3230,8 @@ static int load_model(serve_opts *o) {
     if (strcmp(o->handoff_transport, "grpc") && on_gpu) {
         kd_nccl_opts no = {.device = 0, .max_links = o->nccl_max_links, .idle_seconds = o->nccl_idle_seconds,
                            .connect_seconds = o->nccl_connect_seconds,
-                           .transfer_seconds = o->handoff_lease_seconds > 10 ? o->handoff_lease_seconds : 10};
+                           .transfer_seconds = o->handoff_lease_seconds > 10 ? o->handoff_lease_seconds : 10,
+                           .warm_bytes = (size_t)g_layout.total};
         if (!(g_nccl = kd_nccl_create(&no, &err))) {
             if (!strcmp(o->handoff_transport, "nccl")) return logf_("load-failed", "NCCL transport: %s", err.msg), -1;
             g_nccl_off = "NCCL is not usable here";

@@ -258,10 +258,11 @@ def bench(m48, floor, env=None):
                          "request_ms_median": statistics.median(e2e) * 1e3, "n": len(hs)}
     # the decode side's own view of each NCCL handoff: header to verified state
     ready = re.findall(r"handoff-ready id=\S+ slot=\d+ bytes=\d+ in ([0-9.]+) s over NCCL \(receive posted at "
-                       r"([0-9.]+) s, landed ([0-9.]+) s later, checked ([0-9.]+) s later\)", D.text())
+                       r"([0-9.]+) s, landed ([0-9.]+) s later \(([-0-9.]+) s on the GPU\), checked ([0-9.]+) s later\)",
+                       D.text())
     if ready and "nccl" in res:
         ready = ready[3:] or ready
-        for i, k in enumerate(("decode_side", "decode_posted", "decode_landed", "decode_checked")):
+        for i, k in enumerate(("decode_side", "decode_posted", "decode_landed", "decode_gpu", "decode_checked")):
             res["nccl"][k + "_us_median"] = statistics.median(float(r[i]) for r in ready) * 1e6
     wait_idle(D.target, "after the benchmark")
     for s in (P, G, D):
@@ -317,6 +318,9 @@ def main():
         lines.append(f"| cudaMemcpyPeer GPU0->GPU1 (the floor) | {pu:.1f} |")
         lines.append(f"| NCCL in one process, one send of all bytes | {floor.get('nccl_inproc_one_us', 0):.1f} |")
         lines.append(f"| NCCL in one process, one send per section | {floor.get('nccl_inproc_sections_us', 0):.1f} |")
+        if floor.get("nccl_inproc_registered_us", -1) > 0:
+            lines.append(f"| NCCL in one process, buffers registered (ncclCommRegister) | "
+                         f"{floor['nccl_inproc_registered_us']:.1f} |")
         if "sum64_sections_kept_us" in floor:
             lines.append(f"| sum64 of the 40 sections on GPU 1, work space kept / allocated per call | "
                          f"{floor['sum64_sections_kept_us']:.1f} / {floor['sum64_sections_alloc_us']:.1f} |")
@@ -325,6 +329,7 @@ def main():
                  ("decode side: header to verified state", n.get("decode_side_us_median")),
                  ("decode side: header to receive posted", n.get("decode_posted_us_median")),
                  ("decode side: receive posted to data landed", n.get("decode_landed_us_median")),
+                 ("decode side: the receive on the GPU (CUDA events around ncclRecv)", n.get("decode_gpu_us_median")),
                  ("decode side: landed to checksums checked", n.get("decode_checked_us_median")),
                  ("gRPC handoff", g.get("handoff_us_median"))):
         if v:
@@ -335,6 +340,9 @@ def main():
         lines.append(f"ratio cudaMemcpyPeer / NCCL data (receive posted to landed): {pu / landed:.2f}; "
                      f"/ whole handoff (handoff_seconds): {pu / n['handoff_us_median']:.2f} (target >= 0.80)")
         res["ratio_data"], res["ratio_handoff"] = pu / landed, pu / n["handoff_us_median"]
+        if n.get("decode_gpu_us_median", -1) > 0:
+            lines.append(f"ratio cudaMemcpyPeer / the receive's GPU time: {pu / n['decode_gpu_us_median']:.2f}")
+            res["ratio_gpu"] = pu / n["decode_gpu_us_median"]
     with open(os.path.join(ARGS.out, ARGS.tag + ".json"), "w") as f:
         json.dump(res, f, indent=1)
     with open(os.path.join(ARGS.out, ARGS.tag + ".md"), "w") as f:

@@ -25,4 +25,14 @@ export LD_LIBRARY_PATH=$lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$out/gpus.txt"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
 "$bin/peer_bench" | tee "$out/peer.json" || echo "peer_bench failed" >&2
+# NCCL between two processes, one GPU each (as the workers run): idle gaps between transfers or
+# none, plain cudaMalloc buffers or ncclMemAlloc buffers registered with the communicator
+# (zero-copy), and the copy-engine path; each bounded, a hang costs 30 s.
+: > "$out/xproc.jsonl"
+for v in "0 0" "20 0" "0 2" "20 2"; do
+  timeout 30 "$bin/peer_bench" xproc 44892160 $v 1 2>>"$out/xproc.err" | tee -a "$out/xproc.jsonl" || echo "xproc $v failed" >&2
+done
+NCCL_P2P_USE_CUDA_MEMCPY=1 timeout 30 "$bin/peer_bench" xproc 44892160 0 0 1 2>>"$out/xproc.err" \
+  | sed 's/^{/{"ce":1,/' | tee -a "$out/xproc.jsonl" || echo "xproc with NCCL_P2P_USE_CUDA_MEMCPY=1 failed" >&2
+NCCL_DEBUG=INFO timeout 30 "$bin/peer_bench" xproc 44892160 0 0 1 2>&1 | grep -E " via |Connected" | head -6 > "$out/xproc_transport.txt" || true
 python3 "$(dirname "$0")/device_test.py" --bin "$bin" --out "$out" --floor-json "$out/peer.json" "${@:3}"
