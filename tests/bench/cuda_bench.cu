@@ -6,6 +6,9 @@
 // nothing of 5.6 GB has to travel.
 //   cuda_bench OUT_PREFIX COMMIT COMMAND
 // writes OUT_PREFIX.json and OUT_PREFIX.md.
+//   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
+//   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
+//   nothing written.
 //
 // (1) The copy floor: cudaMemcpy device to device of 2 GiB, bandwidth = bytes read + written
 //     over the time (best of 10).
@@ -19,6 +22,7 @@
 //     repeats its prompt, so n-gram drafts are rejected; a third run drafts the greedy
 //     continuation of the s = 0 run (the oracle drafter: what a drafter that is always right
 //     would give).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -213,8 +217,12 @@ int main(int argc, char **argv) {
     std::vector<int32_t> rec(129, 0);
     bool first = true;
     int fails = 0;
+    int prof_b = -1, prof_s = -1;
+    if (const char *pe = getenv("KD_BENCH_PROFILE"))
+        if (sscanf(pe, "%d,%d", &prof_b, &prof_s) != 2) return printf("KD_BENCH_PROFILE=B,s\n"), 2;
     for (int Bn : {1, 32, 128})
         for (int s : {0, 3}) {
+            if (prof_b >= 0 && (Bn != prof_b || s != prof_s)) continue;
             const int T = 1 + s;
             std::vector<kd_batch_row> rows((size_t)Bn);
             std::vector<int32_t> tok((size_t)Bn * T), ot((size_t)Bn * Tw), oa((size_t)Bn), ou((size_t)Bn);
@@ -222,12 +230,13 @@ int main(int argc, char **argv) {
             std::vector<double> uni((size_t)Bn * Tw, 0.5);
             for (auto &p : sp) memset(&p, 0, sizeof p), p.top_p = 1;
             double ms[2] = {0, 0};
-            for (int graphs = 1; graphs >= 0; graphs--) {
+            for (int graphs = 1; graphs >= (prof_b >= 0 ? 1 : 0); graphs--) {
                 kd_cuda_set_graphs(be, graphs);
-                const int warm = 3, n = graphs ? 30 : 10;
+                const int warm = 3, n = prof_b >= 0 ? 2 : graphs ? 30 : 10;
                 double tstart = 0;
                 for (int it = 0; it < warm + n; it++) {
                     if (it == warm) tstart = now();
+                    if (it == warm && prof_b >= 0) cudaDeviceSynchronize(), cudaProfilerStart();
                     for (int r = 0; r < Bn; r++) {
                         rows[(size_t)r] = kd_batch_row{r, T, KD_LOGITS_ALL, KD_ROW_VERIFY, rec[(size_t)r]};
                         for (int i = 0; i < T; i++) tok[(size_t)r * T + i] = (int32_t)(rnd() % (uint64_t)VOC);
@@ -240,6 +249,12 @@ int main(int argc, char **argv) {
                     for (int r = 0; r < Bn; r++) rec[(size_t)r] = T; // every draft accepted: fold the window
                 }
                 ms[graphs] = (now() - tstart) / n * 1e3;
+            }
+            if (prof_b >= 0) {
+                cudaDeviceSynchronize();
+                cudaProfilerStop();
+                printf("profiled B=%d s=%d: 2 steps, %.3f ms each (with the profiler)\n", Bn, s, ms[1]);
+                return 0;
             }
             kd_cuda_set_graphs(be, 1);
             // bytes: every weight, the embedding rows, per row and layer the checkpoint and conv
