@@ -113,6 +113,7 @@ struct cu_backend {
     int32_t *kg_read; // host [slots1]: which key/gate buffer holds the slot's last window
     // work space
     float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *decay, *beta, *o, *gu, *lg, *snap;
+    float *kda_work; // kd_kda_args.work: the verify's per (row, head) prologue, shared by the layers
     void *h, *fg0, *ob, *act, *sel;
     int64_t lg_rows;
     meta_layout ml;
@@ -399,7 +400,9 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc(cb, &cb->act, N * cb->FF, as, "swiglu output", err) ||
         dalloc(cb, &cb->sel, N * cb->D, as, "final norm rows", err) ||
         dalloc_t(cb, &cb->lg, cb->lg_rows * cb->vocab, 4, "logits", err) ||
-        dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err))
+        dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err) ||
+        dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)Tw),
+                 4, "KDA verify work space", err))
         return -1;
     cb->win = cb->S + ssm; // each layer's window right after its S
     (void)conv;
@@ -592,6 +595,7 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
     a.stored = cb->lstored ? cb->stored + (size_t)l * cb->lstored : NULL;
     a.qn = cb->qn, a.kn = cb->kn, a.decay = cb->decay, a.beta = cb->beta, a.v = cb->v;
     a.kraw = cb->k, a.graw = cb->graw, a.o = cb->o;
+    a.work = cb->kda_work;
     a.A_log = Ly->A_log, a.dt_bias = Ly->dt_bias;
     a.use_lower_bound = c->use_lower_bound, a.allow_neg_eigval = c->allow_neg_eigval;
     a.lower_bound = (float)c->lower_bound;

@@ -512,6 +512,12 @@ __device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, uint32_t bh
     mma_tf32(d, a.h[0], a.h[1], a.h[2], a.h[3], bh0, bh1);
 }
 
+// B operand fragment (hi, lo) of two floats
+__device__ __forceinline__ void split2(float x, float y, uint32_t &h0, uint32_t &h1, uint32_t &l0, uint32_t &l1) {
+    h0 = tf32_hi(x), h1 = tf32_hi(y);
+    l0 = tf32_hi(x - __uint_as_float(h0)), l1 = tf32_hi(y - __uint_as_float(h1));
+}
+
 __device__ __forceinline__ void put_split(float *hi, float *lo, int i, float x) {
     const float h = __uint_as_float(tf32_hi(x));
     hi[i] = h, lo[i] = __uint_as_float(tf32_hi(x - h));
@@ -642,6 +648,80 @@ __device__ __forceinline__ void tc_load_u(frag_a (&u)[2], const kd_kda_args &a, 
     }
 }
 
+// The window product P^T = S_F^T A^T into P [value column][17] (columns vl, vl + 1), two
+// accumulators per n tile (even / odd kt), hi*hi and the low-order terms apart. bfrag(nt, kt,
+// h0, h1, l0, l1) gives the B fragment of A (rows nt * 8 + g, channels kt * 8 + 2q, 2q + 1),
+// split into tf32 hi / lo.
+template <int K, int NT, class BFrag>
+__device__ __forceinline__ void tc_window(const float (&s)[K / 8][4], BFrag bfrag, float *P, int vl, int q) {
+    constexpr int KT = K / 8;
+    float acc[4][NT][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        frag_a x;
+        x.set(s[kt][0], s[kt][2], s[kt][1], s[kt][3]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t h0, h1, l0, l1;
+            bfrag(nt, kt, h0, h1, l0, l1);
+            float(&big)[4] = acc[(kt & 1) * 2][nt], (&small)[4] = acc[(kt & 1) * 2 + 1][nt];
+            mma_tf32(small, x.l[0], x.l[1], x.l[2], x.l[3], h0, h1);
+            mma_tf32(small, x.h[0], x.h[1], x.h[2], x.h[3], l0, l1);
+            mma_tf32(big, x.h[0], x.h[1], x.h[2], x.h[3], h0, h1);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        float r[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) r[i] = (acc[0][nt][i] + acc[2][nt][i]) + (acc[1][nt][i] + acc[3][nt][i]);
+        const int n0 = nt * 8 + 2 * q;
+        P[vl * 17 + n0] = r[0], P[vl * 17 + n0 + 1] = r[1];
+        P[(vl + 1) * 17 + n0] = r[2], P[(vl + 1) * 17 + n0 + 1] = r[3];
+    }
+}
+
+// The window with A [n][K + 8] in fp32 in shared memory (split into tf32 hi / lo here).
+template <int K, int NT>
+__device__ __forceinline__ void tc_window_smem(const float (&s)[K / 8][4], const float *aw, float *P, int vl, int g,
+                                               int q) {
+    tc_window<K, NT>(
+        s,
+        [&](int nt, int kt, uint32_t &h0, uint32_t &h1, uint32_t &l0, uint32_t &l1) {
+            const float2 bb = *(const float2 *)(aw + (nt * 8 + g) * (K + 8) + kt * 8 + 2 * q);
+            split2(bb.x, bb.y, h0, h1, l0, l1);
+        },
+        P, vl, q);
+}
+
+// The triangular solve of one value column (col in the block's CB, j in the head):
+// u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r; writes o and
+// the corrections.
+__device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t start, size_t slot, int h, int T,
+                                                int CB, int col, int j, const float *sv, const float *sb,
+                                                const float *P, const float *M, const float *N) {
+    float U[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t < T) {
+            float x = sv[t * CB + col] - P[col * 17 + t];
+#pragma unroll
+            for (int r = 0; r < t; r++) x -= M[t * 8 + r] * U[r];
+            U[t] = sb[t] * x;
+            float o = P[col * 17 + T + t];
+#pragma unroll
+            for (int r = 0; r <= t; r++) o += N[t * 8 + r] * U[r];
+            const size_t n = start + t;
+            a.o[(n * a.HV + h) * a.V + j] = o;
+            a.rec_u[((slot * a.Tw + t) * a.HV + h) * a.V + j] = U[t];
+        }
+    }
+}
+
 // Shared memory of the tensor-core verify, in floats (see verify_tc_kernel).
 __host__ __device__ constexpr int tc_verify_smem(int K, int NW, int NT, int FR) {
     return (2 * FR * K + 24 * K > NW * 16 * 17 ? 2 * FR * K + 24 * K : NW * 16 * 17) + 2 * FR * (K + 8) +
@@ -750,39 +830,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
         tc_fold<K>(s, cpF, u, (F + 7) / 8, wfh, wfl, g, q, KP);
         if (live) tc_store<KT>(s, S, V, va, q);
     }
-    // the window: P^T = S_F^T A^T, two accumulators per n tile (even / odd kt), hi*hi and
-    // the low-order terms apart
-    float acc[4][NT][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.f;
-#pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
-        frag_a x;
-        x.set(s[kt][0], s[kt][2], s[kt][1], s[kt][3]);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+    // the window: P^T = S_F^T A^T, B pre-split in shared memory
+    tc_window<K, NT>(
+        s,
+        [&](int nt, int kt, uint32_t &h0, uint32_t &h1, uint32_t &l0, uint32_t &l1) {
             const int o = (nt * 8 + g) * KP + kt * 8 + 2 * q;
             const float2 bh = *(const float2 *)(awh + o), bl = *(const float2 *)(awl + o);
-            float(&big)[4] = acc[(kt & 1) * 2][nt], (&small)[4] = acc[(kt & 1) * 2 + 1][nt];
-            mma_tf32(small, x.l[0], x.l[1], x.l[2], x.l[3], __float_as_uint(bh.x), __float_as_uint(bh.y));
-            mma_tf32(small, x.h[0], x.h[1], x.h[2], x.h[3], __float_as_uint(bl.x), __float_as_uint(bl.y));
-            mma_tf32(big, x.h[0], x.h[1], x.h[2], x.h[3], __float_as_uint(bh.x), __float_as_uint(bh.y));
-        }
-    }
-    {
-        const int vl = warp * 16 + 2 * g;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float r[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) r[i] = (acc[0][nt][i] + acc[2][nt][i]) + (acc[1][nt][i] + acc[3][nt][i]);
-            const int n0 = nt * 8 + 2 * q;
-            P[vl * 17 + n0] = r[0], P[vl * 17 + n0 + 1] = r[1];
-            P[(vl + 1) * 17 + n0] = r[2], P[(vl + 1) * 17 + n0 + 1] = r[3];
-        }
-    }
+            h0 = __float_as_uint(bh.x), h1 = __float_as_uint(bh.y), l0 = __float_as_uint(bl.x), l1 = __float_as_uint(bl.y);
+        },
+        P, warp * 16 + 2 * g, q);
     __syncthreads();
     // the window's raw key and gate (the new records), this block's share: loads issued
     // before the solve, stores after it (one round trip, not one per element)
@@ -796,27 +852,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
         if (i < T * K) kv[it] = a.kraw[(n * a.H + hk) * K + c], gv[it] = a.graw[(n * a.HV + h) * K + c];
     }
     // (4) per value column: u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r
-    if (tid < CB) {
-        const int j = blockIdx.x * CB + tid;
-        if (j < V) {
-            float U[8];
-#pragma unroll
-            for (int t = 0; t < 8; t++) {
-                if (t < T) {
-                    float x = sv[t * CB + tid] - P[tid * 17 + t];
-#pragma unroll
-                    for (int r = 0; r < t; r++) x -= M[t * 8 + r] * U[r];
-                    U[t] = sb[t] * x;
-                    float o = P[tid * 17 + T + t];
-#pragma unroll
-                    for (int r = 0; r <= t; r++) o += N[t * 8 + r] * U[r];
-                    const size_t n = (size_t)row.start + t;
-                    a.o[(n * a.HV + h) * V + j] = o;
-                    a.rec_u[((slot * Tw + t) * a.HV + h) * V + j] = U[t];
-                }
-            }
-        }
-    }
+    if (tid < CB && blockIdx.x * CB + tid < V)
+        tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, blockIdx.x * CB + tid, sv, sb, P, M, N);
 #pragma unroll
     for (int it = 0; it < PER; it++) {
         const int i = ri + it * rs, t = i / K, c = i % K;
@@ -873,6 +910,382 @@ __global__ void __launch_bounds__(NW * 32) commit_tc_kernel(const kd_kda_args a)
     }
 }
 
+// ---------------------------------------------------------- split verify (default)
+// The same arithmetic as verify_tc_kernel, in two launches: tc_prologue_kernel does the
+// O(T^2 K) per (row, value head) work once (one block per (row, head), a thread per key
+// channel) and writes it to a.work; verify_split_kernel is then load -> fold mma -> store ->
+// window mma -> triangular solve -> store. The verify is launched as a programmatic
+// dependent of the prologue: its blocks issue the state and correction loads, then wait
+// for the prologue grid (griddepcontrol.wait) before reading a.work.
+// a.work per (row, head), floats: Wf [FR][K] (fold weights), cpF [K], A [16][K] (rows t:
+// b_t o k_t, rows T + t: b_t o q_t), M [8][8], N [8][8].
+__host__ __device__ constexpr size_t tc_work_floats(int K, int FR) { return (size_t)(FR + 1 + 16) * K + 128; }
+
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+template <int K>
+__global__ void __launch_bounds__(K) tc_prologue_kernel(const kd_kda_args a) {
+    constexpr int NWP = K / 32, NR = 16 + 72; /* per warp: 16 record norms, 36 M and 36 N pairs */
+    __shared__ float red[NWP][NR];
+    pdl_trigger();
+    const kd_kda_row row = a.rows[blockIdx.y];
+    const int h = blockIdx.x, hk = h / (a.HV / a.H), T = row.len, F = row.fold, FR = (a.Tw + 7) / 8 * 8;
+    const int c = threadIdx.x, lane = c % 32, warp = c / 32;
+    const size_t slot = (size_t)row.slot;
+    const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * a.Tw) * (size_t)a.HV * 2 * K;
+    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * a.Tw) * (size_t)a.HV * 2 * K;
+    float *w = a.work + ((size_t)blockIdx.y * a.HV + h) * tc_work_floats(K, FR);
+    // every load first
+    float kr[16], gr[16], kw[8], qw[8], dw[8], kn[8], gn[8];
+#pragma unroll
+    for (int t = 0; t < 16; t++)
+        if (t < F) {
+            const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+            kr[t] = rk[c], gr[t] = rk[K + c];
+        }
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t < T) {
+            const size_t n = (size_t)row.start + t;
+            kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+            dw[t] = a.decay[(n * a.HV + h) * K + c];
+            kn[t] = a.kraw[(n * a.H + hk) * K + c], gn[t] = a.graw[(n * a.HV + h) * K + c];
+        }
+    const float dtb = a.dt_bias[(size_t)h * K + c], A = expf(a.A_log[h]);
+    // the new records (the window's raw key and gate); the fold reads the other buffer
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t < T) {
+            float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+            r[c] = kn[t], r[K + c] = gn[t];
+        }
+    // per channel partials: |k_t|^2 of the records; M_tr, N_tr with running products
+    float part[NR];
+#pragma unroll
+    for (int t = 0; t < 16; t++) part[t] = t < F ? kr[t] * kr[t] : 0.f;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        float x = kw[r];
+#pragma unroll
+        for (int t = r; t < 8; t++) {
+            const int p = 16 + t * (t + 1) / 2 + r;
+            part[p] = part[p + 36] = 0.f;
+            if (t < T) {
+                if (t > r) x *= dw[t];
+                part[p] = t > r ? kw[t] * x : 0.f;
+                part[p + 36] = qw[t] * x;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const bool used = i < 16 ? i < F : (i - 16) % 36 < T * (T + 1) / 2;
+        if (used) { /* warp-uniform */
+            float x = part[i];
+#pragma unroll
+            for (int m = 16; m >= 1; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+            if (lane == 0) red[warp][i] = x;
+        }
+    }
+    __syncthreads();
+    // per channel: the records' decays, the fold weights (backwards), the window's
+    // decayed keys and queries (forwards)
+    float d[16];
+#pragma unroll
+    for (int t = 0; t < 16; t++)
+        if (t < F) d[t] = expf(gatef_(gr[t] + dtb, A, a.use_lower_bound, a.lower_bound));
+    float p = 1.f;
+#pragma unroll
+    for (int t = 15; t >= 0; t--)
+        if (t < F) {
+            float ss = 0.f;
+#pragma unroll
+            for (int x = 0; x < NWP; x++) ss += red[x][t];
+            w[t * K + c] = kr[t] * rsqrtf(ss + 1e-6f) * p;
+            p *= d[t];
+        }
+    w[FR * K + c] = p;
+    float b = 1.f;
+    float *aw = w + (FR + 1) * K;
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t < T) {
+            b *= dw[t];
+            aw[t * K + c] = kw[t] * b;
+            aw[(T + t) * K + c] = qw[t] * b;
+        }
+    // M and N, full 8 x 8 (zeros outside r <= t < T)
+    for (int i = c; i < 128; i += K) {
+        const int mat = i / 64, t = i % 64 / 8, r = i % 8;
+        float x = 0.f;
+        if (r <= t && t < T && (mat == 1 || r < t)) {
+            const int j = 16 + mat * 36 + t * (t + 1) / 2 + r;
+#pragma unroll
+            for (int y = 0; y < NWP; y++) x += red[y][j];
+        }
+        w[(FR + 17) * K + i] = x;
+    }
+}
+
+__host__ __device__ constexpr int tc_split_smem(int K, int NW, int NT, int FR) {
+    return FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * NW * 16 + 16 + FR * (NW * 16 + 8) + NW * 16 * 17;
+}
+
+
+// The fold from shared memory: s (the lane's S0^T tile) <- S0^T diag(cpF) + U^T Wf, with
+// U [t][UP] (value columns vl, vl + 1 of records t < F) and Wf [t][K + 8] in fp32 (split
+// into tf32 hi / lo here).
+template <int K>
+__device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *cpF, const float *su, int UP,
+                                             const float *wf, int F, int vl, int g, int q) {
+    constexpr int KT = K / 8, KP = K + 8;
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        const float2 cc = *(const float2 *)(cpF + kt * 8 + 2 * q);
+        s[kt][0] *= cc.x, s[kt][1] *= cc.y, s[kt][2] *= cc.x, s[kt][3] *= cc.y;
+    }
+#pragma unroll
+    for (int ft = 0; ft < 2; ft++) {
+        if (ft * 8 >= F) break;
+        /* U^T fragment: rows v = vl, vl + 1; columns t = 8ft + q, 8ft + q + 4 (0 past F) */
+        const int t0 = ft * 8 + q;
+        float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
+        if (t0 < F) x = *(const float2 *)(su + t0 * UP + vl);
+        if (t0 + 4 < F) y = *(const float2 *)(su + (t0 + 4) * UP + vl);
+        frag_a u;
+        u.set(x.x, x.y, y.x, y.y);
+        const int r0 = (ft * 8 + q) * KP, r1 = r0 + 4 * KP;
+#pragma unroll
+        for (int kt = 0; kt < KT; kt++) {
+            uint32_t h0, h1, l0, l1;
+            split2(wf[r0 + kt * 8 + g], wf[r1 + kt * 8 + g], h0, h1, l0, l1);
+            mma3(s[kt], u, h0, h1, l0, l1);
+        }
+    }
+}
+
+
+
+template <int K, int NW, int NT, int MINB, bool PDL>
+__global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kda_args a) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int KT = K / 8, KP = K + 8, CB = NW * 16, NTH = NW * 32;
+    const kd_kda_row row = a.rows[blockIdx.z];
+    const int h = blockIdx.y, V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
+    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int va = blockIdx.x * CB + warp * 16 + 2 * g;
+    const bool live = va < V;
+    const size_t slot = (size_t)row.slot;
+    float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
+    float *wf = smem, *cpF = wf + FR * KP, *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64;
+    float *sv = N + 64, *sb = sv + 8 * CB, *su = sb + 16, *P = su + FR * (CB + 8);
+    // the state, the fold's corrections, v and beta: not written by the prologue kernel
+    float s[KT][4];
+    tc_load<KT>(s, S, V, va, q, live);
+    for (int i = tid; i < F * CB; i += NTH) {
+        const int t = i / CB, j = blockIdx.x * CB + i % CB;
+        if (j < V) cp_async4(su + t * (CB + 8) + i % CB, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j);
+        else su[t * (CB + 8) + i % CB] = 0.f;
+    }
+    for (int i = tid; i < T * CB; i += NTH) {
+        const int t = i / CB, j = blockIdx.x * CB + i % CB;
+        if (j < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j);
+        else sv[i] = 0.f;
+    }
+    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    const int nf = (F + 7) / 8 * 8;
+    for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+    for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    if (PDL) pdl_wait();
+    const float *w = a.work + ((size_t)blockIdx.z * a.HV + h) * tc_work_floats(K, FR);
+    for (int t = 0; t < F; t++) fetch(wf + t * KP, w + t * K, K);
+    fetch(cpF, w + FR * K, K);
+    for (int t = 0; t < 2 * T; t++) fetch(aw + t * KP, w + (FR + 1 + t) * K, K);
+    fetch(M, w + (FR + 17) * K, 128);
+    cp_async_wait();
+    __syncthreads();
+    // the fold and the checkpoint, written once
+    const int vl = warp * 16 + 2 * g;
+    if (F > 0) {
+        tc_fold_smem<K>(s, cpF, su, CB + 8, wf, F, vl, g, q);
+        if (live) tc_store<KT>(s, S, V, va, q);
+    }
+    tc_window_smem<K, NT>(s, aw, P, vl, g, q);
+    __syncthreads();
+    for (int col = tid; col < CB; col += NTH)
+        if (blockIdx.x * CB + col < V)
+            tc_solve_column(a, (size_t)row.start, slot, h, T, CB, col, blockIdx.x * CB + col, sv, sb, P, M, N);
+}
+
+// ------------------------------------------------------------ one-pass verify
+// verify_split_kernel and tc_prologue_kernel in one block per (row, value head, 128 value
+// columns): 8 warps. The state tile goes to shared memory by asynchronous copies (no
+// registers held), while the block's two halves compute the prologue: threads [0, 128)
+// the records (norms, decays, fold weights), threads [128, 256) the window (decayed keys
+// and queries, M and N; they also copy the new key/gate records), each half synchronised
+// by its own named barrier. Then each warp takes its 16 columns of the state into
+// registers (the mma accumulator layout), folds, stores, and runs the window product; the
+// solve follows. Nothing goes through a work space in device memory.
+__device__ __forceinline__ void named_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+__host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
+    /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
+     * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
+    return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
+}
+
+template <int K, int NT>
+__global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
+    const kd_kda_row row = a.rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
+    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int j0 = blockIdx.x * CB;
+    const size_t slot = (size_t)row.slot;
+    float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
+    float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
+    float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
+    // (0) asynchronous copies: the state tile [K][CB], the fold's corrections, v, beta
+    const bool vec = V % 4 == 0 && (((uintptr_t)S) & 15) == 0;
+    for (int i = tid; i < K * CB / 4; i += NTH) {
+        const int c = i / (CB / 4), j = i % (CB / 4) * 4;
+        float *d = st + c * SP + j;
+        const float *src = S + (size_t)c * V + j0 + j;
+        if (vec && j0 + j < V) cp_async16(d, src);
+        else
+            for (int e = 0; e < 4; e++) {
+                if (j0 + j + e < V) cp_async4(d + e, src + e);
+                else d[e] = 0.f;
+            }
+    }
+    for (int i = tid; i < F * CB; i += NTH) {
+        const int t = i / CB, jj = i % CB;
+        if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
+        else su[t * UP + jj] = 0.f;
+    }
+    for (int i = tid; i < T * CB; i += NTH) {
+        const int t = i / CB, jj = i % CB;
+        if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
+        else sv[i] = 0.f;
+    }
+    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    // (1) the prologue, in two halves
+    const int c = tid % 128;
+    const bool act = c < K;
+    if (tid < 128) { /* the records: norms, decays, fold weights */
+        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
+        float kr[16], gr[16];
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            kr[t] = gr[t] = 0.f;
+            if (t < F && act) {
+                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+                kr[t] = rk[c], gr[t] = rk[K + c];
+            }
+        }
+        const float dtb = act ? a.dt_bias[(size_t)h * K + c] : 0.f, A = expf(a.A_log[h]);
+#pragma unroll
+        for (int t = 0; t < 16; t++)
+            if (t < F) {
+                float x = kr[t] * kr[t];
+#pragma unroll
+                for (int m = 16; m >= 1; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+                if (lane == 0) red[warp * NR + t] = x;
+            }
+        float d[16];
+#pragma unroll
+        for (int t = 0; t < 16; t++) d[t] = t < F ? expf(gatef_(gr[t] + dtb, A, a.use_lower_bound, a.lower_bound)) : 1.f;
+        named_bar(1, 128);
+        float p = 1.f;
+#pragma unroll
+        for (int t = 15; t >= 0; t--)
+            if (t < F) {
+                const float ss = (red[t] + red[NR + t]) + (red[2 * NR + t] + red[3 * NR + t]);
+                if (act) wf[t * KP + c] = kr[t] * rsqrtf(ss + 1e-6f) * p;
+                p *= d[t];
+            }
+        if (act) cpF[c] = p;
+    } else { /* the window: decayed keys and queries, M and N; the new records */
+        float kw[8], qw[8], dw[8];
+        float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            kw[t] = qw[t] = dw[t] = 0.f;
+            if (t < T && act) {
+                const size_t n = (size_t)row.start + t;
+                kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+                dw[t] = a.decay[(n * a.HV + h) * K + c];
+            }
+        }
+        if (blockIdx.x == 0 && act)
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+                if (t < T) {
+                    const size_t n = (size_t)row.start + t;
+                    float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+                    r[c] = a.kraw[(n * a.H + hk) * K + c], r[K + c] = a.graw[(n * a.HV + h) * K + c];
+                }
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float x = kw[r];
+#pragma unroll
+            for (int t = r; t < 8; t++)
+                if (t < T) {
+                    if (t > r) x *= dw[t];
+                    float m = kw[t] * x, nn = qw[t] * x;
+#pragma unroll
+                    for (int o = 16; o >= 1; o /= 2)
+                        m += __shfl_xor_sync(0xffffffffu, m, o), nn += __shfl_xor_sync(0xffffffffu, nn, o);
+                    if (lane == 0) red[warp * NR + 16 + t * 8 + r] = t > r ? m : 0.f, red[warp * NR + 16 + 64 + t * 8 + r] = nn;
+                }
+        }
+        float b = 1.f;
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < T) {
+                b *= dw[t];
+                if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
+            }
+        named_bar(2, 128);
+        { /* M, N: 128 entries, one per thread of the half */
+            const int t = c % 64 / 8, r = c % 8;
+            float x = 0.f;
+            if (r <= t && t < T) {
+                const int i = 16 + c / 64 * 64 + t * 8 + r;
+                x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
+            }
+            M[c] = x; /* M and N are contiguous */
+        }
+    }
+    {
+        const int nf = (F + 7) / 8 * 8;
+        for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    }
+    cp_async_wait();
+    __syncthreads();
+    // (2) per warp: 16 columns of S^T into registers, fold, store, window product
+    const int vl = warp * 16 + 2 * g, va = j0 + vl;
+    const bool live = va < V;
+    float s[KT][4];
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        const float2 x = *(const float2 *)(st + (kt * 8 + 2 * q) * SP + vl);
+        const float2 y = *(const float2 *)(st + (kt * 8 + 2 * q + 1) * SP + vl);
+        s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
+    }
+    if (F > 0) {
+        tc_fold_smem<K>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT>(s, S, V, va, q);
+    }
+    tc_window_smem<K, NT>(s, aw, P, vl, g, q);
+    __syncthreads();
+    // (3) per value column: the triangular solve
+    if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
+}
+
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
  * (its per-block prologue, O(T^2 K), is repeated by every column tile of a head): off by
  * default until that prologue moves into kd_kda_prepare. */
@@ -917,15 +1330,38 @@ int g_force_r; /* tests and benchmarks: force a shape (0: choose) */
  * small as registers allow) makes more blocks when the batch is small. g_force_r: 2, 4, 8
  * narrow with that R; 16: wide. */
 int g_tc = 1, g_tc_warps; /* the tensor-core path (default) and its warps per block (0: choose) */
+/* The verify's form: 1 (default) chosen by size (verify_form); forced (tests, benchmarks):
+ * 4 the split verify with the verify a programmatic dependent of the prologue, 2 the same
+ * in plain stream order (both need a.work), 3 the one-pass verify, 0 the one-kernel
+ * verify (verify_tc_kernel, with the rule of tc_ok). */
+int g_split = 1;
+
+enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES };
+
+/* The default, from the H200 measurements (tests/bench/results/kda_h200.md, HV = 32,
+ * K = V = 128), by (row, head, 128-column) tiles: up to 64 (B <= 2), the CUDA-core kernels
+ * for windows of up to 4 tokens and the one-pass verify for longer ones; up to 1023
+ * (B < 32) the one-pass verify; from 1024 (B >= 32) the split verify (the one-pass one
+ * without a work space). Each was the fastest measured there. */
+int verify_form(const kd_kda_args *a, int max_len) {
+    if (g_split == 0) return FORM_ONE_KERNEL;
+    if (g_split == 3) return FORM_ONE_PASS;
+    if (g_split == 2 || g_split == 4) return a->work ? FORM_SPLIT : FORM_ONE_PASS;
+    if (g_tc_warps) return a->work ? FORM_SPLIT : FORM_ONE_KERNEL; /* block shapes of the split verify */
+    const long tiles = (long)a->n_rows * a->HV * ((a->V + 127) / 128);
+    if (tiles <= 64) return max_len <= 4 ? FORM_CUDA_CORES : FORM_ONE_PASS;
+    return tiles < 1024 || !a->work ? FORM_ONE_PASS : FORM_SPLIT;
+}
 
 bool tc_ok(const kd_kda_args *a, int max_len) {
     if (!g_tc || g_force_r || g_closed_form || a->V % 2 || max_len > 8 || (a->K != 32 && a->K != 64 && a->K != 128))
         return false;
     if (g_tc_warps || g_tc == 2) return true; /* forced (tests, benchmarks) */
-    /* The default, from the H200 measurements (tests/bench/results/kda_h200.md): tensor cores
-     * for windows of up to 4 tokens when the grid has at least two 4-warp blocks per SM (B >= 8
-     * at HV = 32); the CUDA-core kernels at B = 1 and for longer windows, where they measured
-     * faster. Commits: tensor cores always (faster at every measured size). */
+    if (max_len > 0 && g_split && g_tc == 1) return verify_form(a, max_len) != FORM_CUDA_CORES;
+    /* Commits: tensor cores always (faster at every measured size). The one-kernel verify
+     * (kd_kda_split(0)): tensor cores for windows of up to 4 tokens when the grid has at least
+     * two 4-warp blocks per SM (B >= 8 at HV = 32), else the CUDA-core kernels (the rule of
+     * the H200 measurements before the split and one-pass forms). */
     return max_len == 0 || (max_len <= 4 && (long)a->n_rows * a->HV * ((a->V + 63) / 64) >= 264);
 }
 
@@ -944,6 +1380,40 @@ cudaError_t launch_verify_tc(const kd_kda_args *a, cudaStream_t s) {
     return cudaGetLastError();
 }
 
+template <int K, int NW, int NT, int MINB>
+cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
+    tc_prologue_kernel<K><<<dim3(a->HV, a->n_rows), K, 0, s>>>(*a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const size_t sm = (size_t)tc_split_smem(K, NW, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((a->V + NW * 16 - 1) / (NW * 16), a->HV, a->n_rows);
+    cfg.blockDim = dim3(NW * 32);
+    cfg.dynamicSmemBytes = sm;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (g_split != 2) {
+        cfg.attrs = at, cfg.numAttrs = 1;
+        auto f = verify_split_kernel<K, NW, NT, MINB, true>;
+        if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        return cudaLaunchKernelEx(&cfg, f, *a);
+    }
+    auto f = verify_split_kernel<K, NW, NT, MINB, false>;
+    if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    return cudaLaunchKernelEx(&cfg, f, *a);
+}
+
+template <int K, int NT>
+cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
+    const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    auto f = verify_onepass_kernel<K, NT>;
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
+    return cudaGetLastError();
+}
+
 template <int K, int NW>
 cudaError_t launch_commit_tc(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_commit_smem(K, (a->Tw + 7) / 8 * 8) * sizeof(float);
@@ -959,6 +1429,20 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     return (int)(commit ? launch_commit_tc<K, NW>(a, s)                                                       \
                         : max_len > 4 ? launch_verify_tc<K, NW, 2>(a, s) : launch_verify_tc<K, NW, 1>(a, s))
     const int nw = tc_warps(a);
+    const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a, max_len);
+    if (form == FORM_ONE_PASS)
+        return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
+    if (form == FORM_SPLIT) {
+#define KD_SPLIT(NW, MINB) \
+    return (int)(max_len > 4 ? launch_verify_split<K, NW, 2, MINB>(a, s) : launch_verify_split<K, NW, 1, MINB>(a, s))
+        switch (nw) {
+        case 1: KD_SPLIT(1, 16);
+        case 2: KD_SPLIT(2, 8);
+        case 8: KD_SPLIT(8, 2);
+        default: KD_SPLIT(4, 4);
+        }
+#undef KD_SPLIT
+    }
     if (nw == 4 && g_tc == 1 && !commit) /* 4 warps, registers capped for 4 blocks per SM (measured faster) */
         return (int)(max_len > 4 ? launch_verify_tc<K, 4, 2, 4>(a, s) : launch_verify_tc<K, 4, 1, 4>(a, s));
     switch (nw) {
@@ -998,6 +1482,10 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
 extern "C" void kd_kda_force_r(int r) { g_force_r = r; }
 extern "C" void kd_kda_closed_form(int on) { g_closed_form = on; }
 extern "C" void kd_kda_tensor_cores(int on, int warps) { g_tc = on, g_tc_warps = warps; }
+extern "C" void kd_kda_split(int mode) { g_split = mode; }
+extern "C" size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw) {
+    return (size_t)n_rows * HV * tc_work_floats(K, (Tw + 7) / 8 * 8);
+}
 
 extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream) {
     if (a->n_rows == 0) return 0;

@@ -1,4 +1,4 @@
-// kda.cuh: the KDA recurrence on the GPU for decode: the fused deferred verify, the eager
+// kda.cuh: the KDA recurrence on the GPU for decode: the deferred verify, the eager
 // commit, and the stock store-all verify (KDA.md §3-6). C ABI launchers for the backend and
 // the benchmark.
 //
@@ -7,43 +7,61 @@
 // key/gate kg [2][Tw][HV][2K] fp32 (two buffers, alternating); store-all keeps states
 // [Tw][HV][K][V] instead.
 //
-// Default path: tensor cores (kda.cu, verify_tc_kernel / commit_tc_kernel). The records
-// make the window affine in the folded checkpoint S_F (KDA.md §4), so per (row, value head)
-// the step is two small matrix products against the K x V state plus O(T^2) per column:
+// Tensor-core verify (kda.cu). The records make the window affine in the folded checkpoint
+// S_F (KDA.md §4), so per (row, value head) the step is two small matrix products against
+// the K x V state plus O(T^2) per column:
 //   fold:    S_F^T = S0^T diag(cp) + U^T Wf        Wf_t = k_t o prod_{t<s<F} d_s   (F <= 16)
 //   window:  P^T   = S_F^T [b_t o k_t ; b_t o q_t]^T   b_t = prod_{s<=t} d_s        (2T <= 16)
 //   u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r),  o_t = P_{T+t} + sum_{r<=t} N_tr u_r
 // (M_tr = sum_c k_t k_r prod_{r<s<=t} d_s, N_tr likewise with q_t), so the window never
 // updates the state. Both products run as mma.m16n8k8 tf32 with a 3xTF32 split (x = hi +
 // lo; hi*hi + hi*lo + lo*hi): fp32-level error (~1e-6 relative; the float64 check passes
-// at <= 8e-7). Tiling: a block of NW = 4 warps (2 when the grid would be small) owns 16*NW
-// value columns of one (row, head); a warp holds its 16 x K slice of S^T in registers in
-// the mma accumulator layout, which is also the A-operand layout of the window product once
-// the contraction order inside each 8-channel tile is permuted (2q, 2q+1 -> q, q+4); the
-// B operand is read with the same permutation, so the fold's output feeds the window
-// product without moving. The O(T^2 K) prologue (decays, fold weights, the decayed keys
-// and queries split hi/lo, M and N) runs once per block from shared memory, staged with
-// asynchronous copies issued together with the state's loads (one round trip).
+// at <= 9e-7). A warp holds a 16 x K slice of S^T in registers in the mma accumulator
+// layout, which is also the A-operand layout of the window product once the contraction
+// order inside each 8-channel tile is permuted (2q, 2q+1 -> q, q+4); the B operand is read
+// with the same permutation, so the fold's output feeds the window product without moving.
+// The O(T^2 K) prologue (the records' norms and decays, the fold weights, the decayed keys
+// and queries, M and N: running products, a thread per key channel) runs once per (row,
+// head). Three forms, chosen by size (kda.cu, verify_form; each the fastest measured on
+// an H200 in its range):
+// - split (B >= 32 at HV = 32): tc_prologue_kernel, one block per (row, head), writes the
+//   prologue to kd_kda_args.work; verify_split_kernel (4 warps, 64 value columns, 4 blocks
+//   per SM) is launched as its programmatic dependent: it issues the state, correction, v
+//   and beta loads, waits for the prologue grid, and is then load -> fold mma -> store ->
+//   window mma -> solve -> store.
+// - one-pass (B < 32; also when no work space is given): verify_onepass_kernel, 8 warps
+//   per (row, head, 128 value columns), 2 blocks per SM. The state tile goes to shared
+//   memory by asynchronous copies while the block's two halves compute the prologue (the
+//   records / the window), then each warp takes its columns into registers.
+// - CUDA cores for windows of up to 4 tokens at B <= 2 (below).
+// The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
+// itself) and the commit (commit_tc_kernel, the default for every size) use the same
+// products.
 // Arithmetic per state element and step on the CUDA cores: ~4 (the checkpoint decay and
 // the hi/lo split) instead of 2F + 4T (24 at T = F = 4) token by token; tensor-core work:
 // 3 x (8 [fold] + 8 or 16 [window]) x 2 flops per element, under 100 us at B = 512.
 //
 // Fallback (kd_kda_tensor_cores(0, 0), kd_kda_force_r, kd_kda_closed_form, windows over 8,
-// odd V, store-all): CUDA-core kernels, token by token. One block of 128 threads per (row,
-// value head, tile of value columns). Each value column j of a head evolves independently (u_j
-// needs only column j), so a column is owned by R adjacent lanes, each holding K/R of its K
-// rows in registers: S^T k and S^T q are sums over a column's rows, done in registers then
-// over R lanes with shuffles. R (1, 2, 4, 8) is chosen so that the grid fills the chip.
+// odd V, store-all, the smallest batches): CUDA-core kernels, token by token. One block of
+// 128 threads per (row, value head, tile of value columns). Each value column j of a head
+// evolves independently (u_j needs only column j), so a column is owned by R adjacent lanes,
+// each holding K/R of its K rows in registers: S^T k and S^T q are sums over a column's
+// rows, done in registers then over R lanes with shuffles. R (1, 2, 4, 8) is chosen so that
+// the grid fills the chip.
 //
-// Bytes per (row, head) and step, K = V = 128: the state is 64 KiB. deferred: read 64 KiB,
-// write 64 KiB (the folded checkpoint), plus records: read pending*(512 B corrections +
-// 1 KiB key/gate), write T*(512 B + 1 KiB), plus the window's q, k, decay, v (L2-resident,
-// read by each of the head's blocks): 128 KiB + ~3-12 KiB, independent of T but for the
-// records. store-all: read 64 KiB, write T*64 KiB (1 + T states). copy floor of the same
-// state: read 64 KiB + write 64 KiB. So deferred is the copy floor plus ~2.5-9 %.
+// Bytes per (row, value head) and step, K = V = 128, F = T (every draft accepted): the
+// state is 64 KiB, read once and written once (128 KiB, the copy floor's bytes). Records:
+// read F x (512 B corrections + 1 KiB raw key/gate), write T x 1.5 KiB. Window inputs:
+// q, k, decay, v and the raw key and gate the records copy, 3 KiB per token, and o, 512 B.
+// In all 128 + 6.5 T KiB: 1.05 / 1.10 / 1.20 / 1.41 x the copy's bytes at T = 1 / 2 / 4 / 8.
+// The split form adds its work space, written once and read back: (F + 1 + 2T) KiB (1.08 /
+// 1.16 / 1.30 / 1.60 x in all); measured at B >= 256 it runs at the copy's bandwidth, so
+// its time over the copy's is that ratio (tests/bench/results/kda_h200.md). store-all:
+// read 64 KiB, write T x 64 KiB (1 + T states).
 #ifndef KD_CUDA_KDA_CUH
 #define KD_CUDA_KDA_CUH
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -86,6 +104,9 @@ typedef struct kd_kda_args {
     const float *dt_bias;      // [HV*K]
     int32_t use_lower_bound, allow_neg_eigval;
     float lower_bound;
+    // verify work space (device, kd_kda_work_floats(n_rows, HV, K, Tw) floats, reused by every
+    // layer): the per (row, head) prologue of the split verify. NULL: the one-kernel verify.
+    float *work;
 } kd_kda_args;
 
 typedef enum { KD_KDA_DEFERRED = 0, KD_KDA_STORE_ALL = 1 } kd_kda_mode;
@@ -103,6 +124,13 @@ void kd_kda_closed_form(int on);
 // per block (1, 2, 4, 8; 0: choose). kd_kda_force_r and kd_kda_closed_form
 // select the CUDA-core kernels too.
 void kd_kda_tensor_cores(int on, int warps);
+// Tests and benchmarks: the verify's form. 1 (the default): chosen by size (kda.cu,
+// verify_form); forced: 4 the split verify (a prologue kernel, then the tensor-core verify
+// as its programmatic dependent; needs a.work), 2 the same in plain stream order, 3 the
+// one-pass verify, 0 the one-kernel tensor-core verify.
+void kd_kda_split(int mode);
+// Floats of kd_kda_args.work for n_rows rows.
+size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw);
 // Commits: fold rows[i].len records into the checkpoint (and snapshot), deferred/eager
 // records, or copy stored[len-1] (store-all).
 int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream);

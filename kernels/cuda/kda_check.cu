@@ -29,6 +29,9 @@
         }                                                                                         \
     } while (0)
 
+/* the verify form of the default path (KD_KDA_SPLIT: see kd_kda_split; 1 chosen by size) */
+static int g_split_default = 1;
+
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double urand() {
     g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
@@ -124,6 +127,8 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
     a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
     a.stored = mode == KD_KDA_STORE_ALL ? dalloc<float>((size_t)slots * Tw * per) : nullptr;
+    a.work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw));
+    CK(cudaMemset(a.work, 0xff, kd_kda_work_floats(B, HV, K, Tw) * 4)); // NaN: read only what is written
     float *dA = dalloc<float>(HV), *ddt = dalloc<float>(HV * K);
     up(dA, A_f), up(ddt, dt_f);
     a.A_log = dA, a.dt_bias = ddt, a.use_lower_bound = s.lb, a.lower_bound = (float)s.lbv, a.allow_neg_eigval = s.neg;
@@ -226,7 +231,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s: o rel err %.2e, state/snapshot rel err %.2e%s  %s\n",
            mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg,
            ss == per ? "" : " strided", worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
-    cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored), cudaFree(dA), cudaFree(ddt);
+    cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored), cudaFree(a.work), cudaFree(dA), cudaFree(ddt);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(b), cudaFree(qn), cudaFree(kn), cudaFree(dec);
     cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
     return bad;
@@ -236,7 +241,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 
 struct Res {
     int B, T;
-    double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us;
+    double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us, fused_us, split_us, onepass_us;
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -282,22 +287,41 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, dev));
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     g_rng ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
+    if (getenv("KD_KDA_SPLIT")) g_split_default = atoi(getenv("KD_KDA_SPLIT"));
     int fails = 0;
     const Shape shapes[] = {{2, 4, 128, 128, 3, 0, 0, 0}, {2, 2, 32, 32, 5, 1, -5.0, 1}, {1, 3, 64, 48, 2, 0, 0, 1},
                             {4, 4, 128, 128, 1, 0, 0, 0}, {2, 4, 128, 128, 70, 0, 0, 0}, {1, 4, 64, 64, 130, 1, -3.0, 0}};
-    /* the default path (tensor cores, chosen block shape), each tensor-core block shape forced,
-     * then the CUDA-core kernels: chosen, each tile shape forced, and the closed form */
+    /* the default path (the split verify, chosen block shape), its variants, the one-kernel
+     * tensor-core verify with each block shape forced, then the CUDA-core kernels: chosen,
+     * each tile shape forced, and the closed form */
     struct Cfg {
-        int tc, warps, r;
+        int tc, warps, r, split;
         const char *name;
     };
-    const Cfg cfgs[] = {{1, 0, 0, "tensor cores (default), chosen warps"}, {1, 1, 0, "tensor cores, 1 warp"},
-                        {1, 2, 0, "tensor cores, 2 warps"}, {1, 4, 0, "tensor cores, 4 warps (the default kernel)"},                {1, 8, 0, "tensor cores, 8 warps"},
-                        {2, 0, 0, "tensor cores, 4 warps, 3 blocks per SM"}, {0, 0, 0, "CUDA cores, chosen tile"},              {0, 0, 16, "CUDA cores, wide (R=8, 4 columns)"},
-                        {0, 0, 2, "CUDA cores, narrow R=2"},               {0, 0, 8, "CUDA cores, narrow R=8"}};
+    const Cfg cfgs[] = {{1, 0, 0, 1, "default: verify form chosen by size"},
+                        {1, 0, 0, 4, "split verify: prologue kernel + tensor-core verify, dependent launch"},
+                        {1, 0, 0, 2, "split verify, plain stream order"},
+                        {1, 0, 0, 3, "one-pass verify (8 warps, state staged in shared memory)"},
+                        {1, 1, 0, 1, "split verify, 1 warp"},
+                        {1, 2, 0, 1, "split verify, 2 warps"},
+                        {1, 8, 0, 1, "split verify, 8 warps"},
+                        {1, 0, 0, 0, "one-kernel tensor cores, chosen warps"},
+                        {1, 1, 0, 0, "one-kernel tensor cores, 1 warp"},
+                        {1, 2, 0, 0, "one-kernel tensor cores, 2 warps"},
+                        {1, 4, 0, 0, "one-kernel tensor cores, 4 warps"},
+                        {1, 8, 0, 0, "one-kernel tensor cores, 8 warps"},
+                        {2, 0, 0, 0, "one-kernel tensor cores, 4 warps, 3 blocks per SM"},
+                        {0, 0, 0, 0, "CUDA cores, chosen tile"},
+                        {0, 0, 16, 0, "CUDA cores, wide (R=8, 4 columns)"},
+                        {0, 0, 2, 0, "CUDA cores, narrow R=2"},
+                        {0, 0, 8, 0, "CUDA cores, narrow R=8"}};
+    /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify (for the sanitizers) */
+    const bool only_new = getenv("KD_KDA_CHECK_NEW") && atoi(getenv("KD_KDA_CHECK_NEW"));
     for (const Cfg &c : cfgs) {
+        if (only_new && c.split == 0) continue;
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
+        kd_kda_split(c.split == 1 ? g_split_default : c.split);
         printf("path: %s\n", c.name);
         for (const Shape &s : shapes)
             for (int m = 0; m < 2; m++)
@@ -311,10 +335,13 @@ int main(int argc, char **argv) {
     kd_kda_force_r(0);
     kd_kda_tensor_cores(0, 0);
     kd_kda_closed_form(1);
-    printf("path: CUDA cores, closed form\n");
-    for (const Shape &s : shapes) fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
+    if (!only_new) {
+        printf("path: CUDA cores, closed form\n");
+        for (const Shape &s : shapes) fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
+    }
     kd_kda_closed_form(0);
     kd_kda_tensor_cores(1, 0);
+    kd_kda_split(g_split_default);
     const bool force = argc > 3 && !strcmp(argv[3], "force"); /* bench even after a failed check */
     if (fails) {
         printf("CHECK FAILED (%d)\n", fails);
@@ -385,15 +412,21 @@ int main(int argc, char **argv) {
             bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(a.stored);
         }
         float *copy_dst = dalloc<float>((size_t)L * B * per);
+        float *work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw)); // one work space for every layer
+        for (int l = 0; l < L; l++) la[l].work = work;
         for (int T : Ts) {
             std::vector<kd_kda_row> rows(B);
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, T, 0, 0, nullptr}; // steady state: fold T
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0, 0, 0};
-            /* 0 copy, 1 deferred, 2 store-all, 3 commit, 4 deferred and 5 commit on the CUDA-core
-             * kernels (the previous default), 6.. the tensor-core verify with 1, 2, 4, 8 warps (T = 4) */
-            for (int what = 0; what < (T == 4 ? 11 : 6); what++) {
-                kd_kda_tensor_cores(what == 4 || what == 5 ? 0 : what == 10 ? 2 : 1, what >= 6 && what < 10 ? 1 << (what - 6) : 0);
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            /* 0 copy, 1 deferred (default), 2 store-all, 3 commit, 4 deferred and 5 commit on the
+             * CUDA-core kernels, 6 the one-kernel tensor-core verify (4 warps, 4 blocks per SM),
+             * 7 the split verify, 8 the one-pass verify, 9.. the split verify
+             * with 2, 8 warps (T = 4) */
+            static const int sweep_warps[] = {2, 8};
+            for (int what = 0; what < (T == 4 ? 11 : 9); what++) {
+                kd_kda_tensor_cores(what == 4 || what == 5 ? 0 : 1, what == 6 ? 4 : what >= 9 ? sweep_warps[what - 9] : 0);
+                kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 ? 3 : g_split_default);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -409,23 +442,26 @@ int main(int argc, char **argv) {
                 CK(cudaStreamEndCapture(st, &gph));
                 CK(cudaGraphInstantiate(&ge, gph, 0));
                 const double us = time_graph(ge, st, 20) * 1e3 / L;
-                double *dst[] = {&rr.copy_us, &rr.def_us, &rr.all_us, &rr.commit_us, &rr.def_prev_us, &rr.commit_prev_us};
-                if (what < 6) *dst[what] = us;
-                else if (what < 10) printf("  sweep B=%d T=4 tensor cores, %d warps%s: deferred %.2f us\n", B, 1 << (what - 6),
-                                           what == 8 ? " (4 blocks per SM)" : "", us);
-                else printf("  sweep B=%d T=4 tensor cores, 4 warps, 3 blocks per SM: deferred %.2f us\n", B, us);
+                double *dst[] = {&rr.copy_us, &rr.def_us, &rr.all_us, &rr.commit_us, &rr.def_prev_us, &rr.commit_prev_us,
+                                 &rr.fused_us, &rr.split_us, &rr.onepass_us};
+                if (what < 9) *dst[what] = us;
+                else printf("  sweep B=%d T=4 split verify, %d warps: deferred %.2f us\n", B, sweep_warps[what - 9], us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
             kd_kda_tensor_cores(1, 0);
+            kd_kda_split(g_split_default);
             res.push_back(rr);
-            printf("B=%3d T=%d: copy %8.2f us  deferred %8.2f us (%.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us "
-                   "(%.2fx)  commit %8.2f us (CUDA cores %8.2f us)\n",
-                   B, T, rr.copy_us, rr.def_us, rr.def_us / rr.copy_us, rr.def_prev_us, rr.def_prev_us / rr.copy_us,
-                   rr.all_us, rr.all_us / rr.copy_us, rr.commit_us, rr.commit_prev_us);
+            printf("B=%3d T=%d: copy %8.2f us  deferred %8.2f us (%.2fx; split %8.2f us; one-pass %8.2f us, %.2fx; "
+                   "one kernel %8.2f us, %.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us "
+                   "(CUDA cores %8.2f us)\n",
+                   B, T, rr.copy_us, rr.def_us, rr.def_us / rr.copy_us, rr.split_us, rr.onepass_us, rr.onepass_us / rr.copy_us,
+                   rr.fused_us, rr.fused_us / rr.copy_us,
+                   rr.def_prev_us, rr.def_prev_us / rr.copy_us, rr.all_us, rr.all_us / rr.copy_us, rr.commit_us,
+                   rr.commit_prev_us);
             fflush(stdout);
         }
         for (float *b : bufs) cudaFree(b);
-        cudaFree(copy_dst), cudaFree(drows), cudaFree(tok), cudaFree(A), cudaFree(dtb);
+        cudaFree(copy_dst), cudaFree(work), cudaFree(drows), cudaFree(tok), cudaFree(A), cudaFree(dtb);
     }
     // results
     char path[512];
@@ -442,19 +478,24 @@ int main(int argc, char **argv) {
                 "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request, random); a CUDA graph "
                 "of L layers (L chosen so the states exceed L2), median of 20 replays, per layer. copy floor: a "
                 "device-to-device copy of the same B states (read + write), same graph form. Window fold = T "
-                "(every draft accepted last step). deferred and eager commit: the tensor-core kernels (the "
-                "default); \"CUDA cores\": the previous kernels (still selectable), same run.\n\n"
-                "| B | T | copy floor (us) | deferred (us) | deferred / copy | deferred, CUDA cores (us) | CUDA cores / copy "
-                "| store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
+                "(every draft accepted last step). deferred: the default dispatch (by size: CUDA cores, one-pass "
+                "or split); split: the split verify (prologue kernel, then the tensor-core verify as its dependent "
+                "launch); one-pass: the one-pass verify (8 warps, state staged in shared "
+                "memory); one kernel: the one-kernel tensor-core verify; CUDA cores: the "
+                "CUDA-core kernels; all from the same run.\n\n"
+                "| B | T | copy floor (us) | deferred (us) | deferred / copy | split (us) | one-pass (us) | one kernel (us) "
+                "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
     for (size_t i = 0; i < res.size(); i++) {
         const Res &r = res[i];
-        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
+        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"deferred_split_us\":%.3f,"
+                    "\"deferred_one_pass_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
-                i ? "," : "", r.B, r.T, r.copy_us, r.def_us, r.def_prev_us, r.all_us, r.commit_us, r.commit_prev_us);
-        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T, r.copy_us,
-                r.def_us, r.def_us / r.copy_us, r.def_prev_us, r.def_prev_us / r.copy_us, r.all_us, r.all_us / r.copy_us,
-                r.commit_us, r.commit_prev_us);
+                i ? "," : "", r.B, r.T, r.copy_us, r.def_us, r.split_us, r.onepass_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
+                r.commit_prev_us);
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T,
+                r.copy_us, r.def_us, r.def_us / r.copy_us, r.split_us, r.onepass_us, r.fused_us, r.def_prev_us, r.all_us,
+                r.all_us / r.copy_us, r.commit_us, r.commit_prev_us);
     }
     fprintf(js, "]}\n");
     fclose(js), fclose(md);

@@ -18,6 +18,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 san=/usr/local/cuda/bin/compute-sanitizer
 # KD_KDA_SANITIZE=0 skips the sanitizers on kda_check; KD_KDA_BENCH=0 runs its checks only
 # (no timing table): for runs that re-check kernels already timed and sanitized.
+# KD_KDA_CHECK_NEW=1 (passed through to kda_check) limits its checks to the split and
+# one-pass verify forms, e.g. to sanitize a change to those alone in less time.
 if [[ ${KD_KDA_SANITIZE:-1} != 0 && -x $san ]]; then
   "$san" --tool memcheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/memcheck.txt"
   "$san" --tool racecheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/racecheck.txt"
