@@ -28,6 +28,13 @@ inline unsigned blocks_for(int64_t n) {
     return (unsigned)b;
 }
 
+// A 2-D grid: x covers `width` columns with kBlock threads each, y the rows (at most 65535
+// blocks; kernels loop over the rest).
+inline dim3 grid_2d(int64_t width, int64_t rows) {
+    const int64_t x = (width + kBlock - 1) / kBlock;
+    return dim3((unsigned)(x < 1 ? 1 : x), (unsigned)(rows < 1 ? 1 : rows > 65535 ? 65535 : rows));
+}
+
 #define GRID_LOOP(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
@@ -74,12 +81,15 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
     }
 }
 
+// Grid: x over channels, y over tokens (no division per element; the token's record is the
+// same for the whole block).
 __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
                                  const kd_cu_tok *toks, const float *win, int64_t ws, const float *w, int W,
                                  float *xrec, int Tw, float *q, float *k, float *v) {
     const int64_t C = 2 * QK + VD, Hw = W - 1;
-    GRID_LOOP(i, N * C) {
-        const int64_t t = i / C, c = i % C;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int64_t t = blockIdx.y; t < N; t += gridDim.y) {
         const float xt = proj[t * P + c];
         float y;
         if (w) {
@@ -185,12 +195,14 @@ __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, co
     for (int i = lane; i < V; i += 32) y[th * V + i] = from_f32<Y>(ot[i] * r * w[i] * sigmoid_(gt[i] + bt[i]));
 }
 
+// Grid: x over columns, y over tokens.
 template <class Y>
 __global__ void swiglu_kernel(Y *y, const float *gu, int64_t N, int64_t FF) {
-    GRID_LOOP(i, N * FF) {
-        const int64_t t = i / FF, c = i % FF;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= FF) return;
+    for (int64_t t = blockIdx.y; t < N; t += gridDim.y) {
         const float *row = gu + t * 2 * FF;
-        y[i] = from_f32<Y>(silu_(row[c]) * row[FF + c]);
+        y[t * FF + c] = from_f32<Y>(silu_(row[c]) * row[FF + c]);
     }
 }
 
@@ -230,8 +242,8 @@ cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK,
                             float *q, float *k, float *v, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (w && W < 1) return cudaErrorInvalidValue;
-    conv_silu_kernel<<<blocks_for(N * (2 * QK + VD)), kBlock, 0, s>>>(proj, P, N, QK, VD, toks, win, win_stride, w, W,
-                                                                     xrec, Tw, q, k, v);
+    conv_silu_kernel<<<grid_2d(2 * QK + VD, N), kBlock, 0, s>>>(proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw,
+                                                               q, k, v);
     return cudaGetLastError();
 }
 
@@ -273,7 +285,7 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
 
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
-    if (out_bf16) swiglu_kernel<<<blocks_for(N * FF), kBlock, 0, s>>>((__nv_bfloat16 *)y, gu, N, FF);
-    else swiglu_kernel<<<blocks_for(N * FF), kBlock, 0, s>>>((float *)y, gu, N, FF);
+    if (out_bf16) swiglu_kernel<<<grid_2d(FF, N), kBlock, 0, s>>>((__nv_bfloat16 *)y, gu, N, FF);
+    else swiglu_kernel<<<grid_2d(FF, N), kBlock, 0, s>>>((float *)y, gu, N, FF);
     return cudaGetLastError();
 }

@@ -63,11 +63,24 @@ __device__ double block_sum(double v, Shared &sh) {
     return s;
 }
 
-// The argmax of the row (value and index), every thread gets it.
+// The argmax of the row (value and index), every thread gets it. `beats` is a total order, so
+// the visiting order does not matter: rows are read 16 bytes at a time, four loads in flight
+// per thread (one block reads the whole row: one load at a time was ~5 GB/s, 128 us for a
+// 163840-entry vocabulary).
 __device__ void block_argmax(const float *l, int32_t V, Shared &sh, float *ov, int32_t *oi) {
     float bv = __int_as_float(0x7fc00000);
     int32_t bi = 0x7fffffff;
-    for (int32_t i = threadIdx.x; i < V; i += kThreads) {
+    const int32_t V4 = ((uintptr_t)l % 16 == 0) ? V / 4 : 0;
+    const float4 *l4 = (const float4 *)l;
+#pragma unroll 4
+    for (int32_t j = threadIdx.x; j < V4; j += kThreads) {
+        const float4 x = l4[j];
+        if (beats(x.x, 4 * j, bv, bi)) bv = x.x, bi = 4 * j;
+        if (beats(x.y, 4 * j + 1, bv, bi)) bv = x.y, bi = 4 * j + 1;
+        if (beats(x.z, 4 * j + 2, bv, bi)) bv = x.z, bi = 4 * j + 2;
+        if (beats(x.w, 4 * j + 3, bv, bi)) bv = x.w, bi = 4 * j + 3;
+    }
+    for (int32_t i = 4 * V4 + threadIdx.x; i < V; i += kThreads) {
         const float v = l[i];
         if (beats(v, i, bv, bi)) bv = v, bi = i;
     }
