@@ -153,10 +153,6 @@ kd_client *kd_client_connect(const char *target, const kd_tls_opts *tls, kd_err 
     return c;
 }
 
-void kd_client_preconnect(kd_client *c) {
-    if (c) (void)grpc_channel_check_connectivity_state(c->channel, 1);
-}
-
 void kd_client_close(kd_client *c) {
     if (!c) return;
     grpc_channel_destroy(c->channel);

@@ -22,9 +22,6 @@ typedef struct kd_client kd_client;
 /* Needs grpc_init() done by the program. */
 kd_client *kd_client_connect(const char *target, const kd_tls_opts *tls, kd_err *err);
 void kd_client_close(kd_client *c);
-/* Starts connecting now (a channel otherwise connects at its first call), so that the
- * connection is made while the caller prepares the call. */
-void kd_client_preconnect(kd_client *c);
 
 /* The outcome of a call: the status code (gRPC numbering), its message and, for
  * RESOURCE_EXHAUSTED, the server's retry pushback in ms (-1 if none). */

@@ -1781,7 +1781,8 @@ static int handoff_begin(const Kdecode__V1__HandoffHeader *hd, handoff **out, ch
  * XXH3 while it is still in cache, so the final check needs no second pass over the state and
  * still covers what landed in the slot, not what was received. Only the engine thread touches
  * it (the writes are queued in order, the final check is a synchronous command after them);
- * a command queued after the call's last write frees it. */
+ * a command queued after the call's last write frees it. The prefill side keeps one too, over
+ * the bytes it sends (push_rx_hash). */
 typedef struct push_rx {
     XXH3_state_t st;              /* section `sect` so far (first: its 64-byte alignment) */
     size_t sect;                  /* sections [0, sect) are complete, their digests in got */
@@ -1810,6 +1811,36 @@ static void push_rx_close(push_rx *rx) {
     }
 }
 
+/* The next piece of the payload from rx->at: at most n bytes, inside one section or one gap
+ * before a section (*hashed: whether it is a section's). Closes the sections before it. */
+static size_t push_rx_piece(push_rx *rx, size_t n, int *hashed) {
+    push_rx_close(rx);
+    const uint64_t off = rx->at;
+    *hashed = 0;
+    if (rx->sect < g_layout.n) {
+        const sect *se = &g_layout.sects[rx->sect];
+        if (off < se->offset) { /* a gap before the section: not covered by a checksum */
+            if (n > se->offset - off) n = (size_t)(se->offset - off);
+        } else {
+            if (n > se->offset + se->size - off) n = (size_t)(se->offset + se->size - off);
+            *hashed = 1;
+        }
+    }
+    return n;
+}
+
+/* The sender's side: feeds the next len bytes of the payload (in order from byte 0) to their
+ * sections' checksums. */
+static void push_rx_hash(push_rx *rx, const uint8_t *src, size_t len) {
+    while (len) {
+        int hashed;
+        const size_t n = push_rx_piece(rx, len, &hashed);
+        if (hashed) (void)XXH3_64bits_update(&rx->st, src, n);
+        src += n, len -= n, rx->at += n;
+    }
+    push_rx_close(rx);
+}
+
 /* Writes bytes [off, off + len) of a pushed state into the slot and, with rx, feeds them as
  * they now are in the slot to their sections' checksums. Engine thread. */
 static int push_rx_write(int32_t slot, push_rx *rx, uint64_t off, const uint8_t *src, size_t len, kd_err *err) {
@@ -1820,18 +1851,8 @@ static int push_rx_write(int32_t slot, push_rx *rx, uint64_t off, const uint8_t 
         return kd_fail(err, "handoff write at %" PRIu64 ", expected %" PRIu64, off, rx->at);
     }
     while (len) {
-        push_rx_close(rx);
-        size_t n = len < KD_HASH_PIECE ? len : KD_HASH_PIECE;
-        int hashed = 0;
-        if (rx->sect < g_layout.n) {
-            const sect *se = &g_layout.sects[rx->sect];
-            if (off < se->offset) { /* a gap before the section: not covered by a checksum */
-                if (n > se->offset - off) n = (size_t)(se->offset - off);
-            } else {
-                if (n > se->offset + se->size - off) n = (size_t)(se->offset + se->size - off);
-                hashed = 1;
-            }
-        }
+        int hashed;
+        const size_t n = push_rx_piece(rx, len < KD_HASH_PIECE ? len : KD_HASH_PIECE, &hashed);
         if (kd_backend_state_write_part(g_srv.be, slot, off, src, n, err) ||
             (hashed && kd_backend_state_hash_update(g_srv.be, slot, off, n, &rx->st, err))) {
             rx->failed = 1;
@@ -1889,7 +1910,8 @@ struct push_call {
     grpc_byte_buffer *recv_bb;
     int close_cancelled, finished;
     handoff *h;
-    sect *sects;                  /* the header's checksums */
+    sect *sects;                  /* the header's checksums (or the trailer's) */
+    int trailer;                  /* the header announced a HandoffTrailer with the checksums */
     push_rx *rx;                  /* the engine thread's (NULL: a backend without incremental hashing) */
     cmd *rx_free;                 /* queued at the end to free rx after the last write */
     uint64_t received;
@@ -1995,6 +2017,27 @@ static int push_queue_write(push_call *p, grpc_byte_buffer *bb, size_t skip, uin
     return KD_STATUS_OK;
 }
 
+/* Every byte is in: checks the slot's sections against p->sects and answers (the state
+ * becomes claimable) or refuses (DATA_LOSS; the slot is freed). */
+static void push_verify_finish(push_call *p) {
+    char msg[160];
+    cmd *c = calloc(1, sizeof *c);
+    int bad = -1;
+    if (c) {
+        c->kind = CMD_VERIFY, c->slot = p->h->slot, c->sects = p->sects, c->n_sects = g_layout.n;
+        c->rx = p->rx;
+        bad = run_sync(c);
+        free(c);
+    }
+    if (!bad) {
+        push_ready(p, "");
+        return;
+    }
+    if (bad > 0) snprintf(msg, sizeof msg, "checksum mismatch in state section %s", g_layout.names[bad - 1]);
+    else snprintf(msg, sizeof msg, "%s", bad == -2 ? "the state could not be written into the slot" : "out of memory");
+    push_finish(p, bad > 0 ? KD_STATUS_DATA_LOSS : KD_STATUS_INTERNAL, msg, -1, NULL);
+}
+
 static void push_recv_done(void *obj, int ok) {
     push_call *p = obj;
     grpc_byte_buffer *bb = p->recv_bb;
@@ -2026,23 +2069,10 @@ static void push_recv_done(void *obj, int ok) {
         } else if (p->received != g_layout.total) {
             snprintf(msg, sizeof msg, "truncated state: %" PRIu64 " of %" PRIu64 " bytes", p->received, g_layout.total);
             push_finish(p, KD_STATUS_DATA_LOSS, msg, -1, NULL);
+        } else if (p->trailer) {
+            push_finish(p, KD_STATUS_DATA_LOSS, "truncated stream: it ended without its HandoffTrailer", -1, NULL);
         } else {
-            cmd *c = calloc(1, sizeof *c);
-            int bad = -1;
-            if (c) {
-                c->kind = CMD_VERIFY, c->slot = p->h->slot, c->sects = p->sects, c->n_sects = g_layout.n;
-                c->rx = p->rx;
-                bad = run_sync(c);
-                free(c);
-            }
-            if (bad) {
-                if (bad > 0) snprintf(msg, sizeof msg, "checksum mismatch in state section %s", g_layout.names[bad - 1]);
-                else snprintf(msg, sizeof msg, "%s", bad == -2 ? "the state could not be written into the slot"
-                                                               : "out of memory");
-                push_finish(p, bad > 0 ? KD_STATUS_DATA_LOSS : KD_STATUS_INTERNAL, msg, -1, NULL);
-            } else {
-                push_ready(p, "");
-            }
+            push_verify_finish(p);
         }
         push_unref(p);
         return;
@@ -2089,7 +2119,7 @@ static void push_recv_done(void *obj, int ok) {
     Kdecode__V1__PushStateRequest *m =
         kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
-    int code = KD_STATUS_OK;
+    int code = KD_STATUS_OK, answered = 0;
     if (!m) {
         code = KD_STATUS_INVALID_ARGUMENT;
         snprintf(msg, sizeof msg, "cannot parse kdecode.v1.PushStateRequest");
@@ -2097,6 +2127,10 @@ static void push_recv_done(void *obj, int ok) {
         if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER) {
             code = KD_STATUS_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "a HandoffHeader comes first");
+        } else if (m->header->checksums_in_trailer &&
+                   m->header->transport == KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL) {
+            code = KD_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "checksums_in_trailer is for the gRPC transport (NCCL checks sum64)");
         } else if ((code = handoff_begin(m->header, &p->h, msg, sizeof msg, &pushback)) == KD_STATUS_OK) {
             const int incremental = kd_backend_has_hash_update(g_srv.be);
             p->sects = calloc(g_layout.n, sizeof *p->sects);
@@ -2113,6 +2147,7 @@ static void push_recv_done(void *obj, int ok) {
                 for (size_t i = 0; i < g_layout.n; i++)
                     p->sects[i] = (sect){g_layout.sects[i].offset, g_layout.sects[i].size,
                                          m->header->layout->sections[i]->xxh3};
+                p->trailer = m->header->checksums_in_trailer;
                 pthread_mutex_lock(&g_srv.mu);
                 p->h->push = p;
                 pthread_mutex_unlock(&g_srv.mu);
@@ -2121,6 +2156,23 @@ static void push_recv_done(void *obj, int ok) {
                       nccl ? " over NCCL" : "");
                 if (nccl) code = push_nccl_begin(p, m->header, msg, sizeof msg);
             }
+        }
+    } else if (m->msg_case == KDECODE__V1__PUSH_STATE_REQUEST__MSG_TRAILER) {
+        const Kdecode__V1__HandoffTrailer *tr = m->trailer;
+        if (!p->trailer) {
+            code = KD_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "a HandoffTrailer the header did not announce (its checksums are in the header)");
+        } else if (tr->n_xxh3 != g_layout.n) {
+            code = KD_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "a HandoffTrailer with %zu checksums for %zu sections", tr->n_xxh3, g_layout.n);
+        } else if (p->received != g_layout.total) {
+            code = KD_STATUS_DATA_LOSS;
+            snprintf(msg, sizeof msg, "truncated state: %" PRIu64 " of %" PRIu64 " bytes before the trailer",
+                     p->received, g_layout.total);
+        } else {
+            for (size_t i = 0; i < g_layout.n; i++) p->sects[i].xxh3 = tr->xxh3[i];
+            push_verify_finish(p); /* answers: nothing is read after the trailer */
+            answered = 1;
         }
     } else if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_CHUNK) {
         code = KD_STATUS_INVALID_ARGUMENT;
@@ -2143,7 +2195,7 @@ static void push_recv_done(void *obj, int ok) {
         kd_nccl_drop(g_nccl, m->header->nccl_comm_id); /* refused: the sender aborts its end */
     if (m) kdecode__v1__push_state_request__free_unpacked(m, NULL);
     if (code != KD_STATUS_OK) push_finish(p, code, msg, pushback, NULL);
-    else push_recv_next(p);
+    else if (!answered) push_recv_next(p);
     push_unref(p);
 }
 
@@ -2325,16 +2377,31 @@ static void handoff_header_fill(prefill_call *p, Kdecode__V1__StateSection *secs
     hd->layout = ly;
 }
 
-/* The push: a header, then the state in 1 MiB chunks. */
+/* The push: a header, the state in 1 MiB chunks, then a trailer with the sections'
+ * checksums, each chunk hashed right before it is handed to gRPC (so that it is in cache when
+ * gRPC's write copies it; no pass over the whole state before the header). */
 typedef struct push_src {
     prefill_call *p;
     uint8_t pre[16];
     uint8_t *msg;
     size_t cap;
     uint64_t sent;
-    int header_done;
+    int header_done, trailer_done;
     Kdecode__V1__HandoffHeader *hd;
+    push_rx *tx;                  /* the checksums of what was sent */
 } push_src;
+
+/* Packs m into ps->msg as the next message. */
+static int push_src_pack(push_src *ps, const Kdecode__V1__PushStateRequest *m, kd_msg *out) {
+    size_t need = protobuf_c_message_get_packed_size(&m->base);
+    if (need > ps->cap) {
+        uint8_t *b = realloc(ps->msg, need);
+        if (!b) return -1;
+        ps->msg = b, ps->cap = need;
+    }
+    *out = (kd_msg){.head = ps->msg, .head_len = protobuf_c_message_pack(&m->base, ps->msg)};
+    return 1;
+}
 
 static int push_next(void *ctx, kd_msg *out) {
     push_src *ps = ctx;
@@ -2343,19 +2410,21 @@ static int push_next(void *ctx, kd_msg *out) {
         m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER;
         m.header = ps->hd;
         ps->header_done = 1;
-        size_t need = protobuf_c_message_get_packed_size(&m.base);
-        if (need > ps->cap) {
-            uint8_t *b = realloc(ps->msg, need);
-            if (!b) return -1;
-            ps->msg = b, ps->cap = need;
-        }
-        *out = (kd_msg){.head = ps->msg, .head_len = protobuf_c_message_pack(&m.base, ps->msg)};
-        return 1;
+        return push_src_pack(ps, &m, out);
     }
     if (atomic_load(&ps->p->gone)) return -1;
-    if (ps->sent == g_layout.total) return 0;
+    if (ps->sent == g_layout.total) {
+        if (ps->trailer_done) return 0;
+        Kdecode__V1__HandoffTrailer tr = KDECODE__V1__HANDOFF_TRAILER__INIT;
+        tr.n_xxh3 = g_layout.n, tr.xxh3 = ps->tx->got;
+        m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_TRAILER;
+        m.trailer = &tr;
+        ps->trailer_done = 1;
+        return push_src_pack(ps, &m, out);
+    }
     if (ps->sent && g_srv.o.debug_handoff_delay_ms > 0) usleep((useconds_t)g_srv.o.debug_handoff_delay_ms * 1000);
     const uint64_t n = g_layout.total - ps->sent < KD_HANDOFF_CHUNK ? g_layout.total - ps->sent : KD_HANDOFF_CHUNK;
+    push_rx_hash(ps->tx, (const uint8_t *)ps->p->state + ps->sent, (size_t)n);
     /* a chunk message by hand: field 2 (bytes), its length, then the state bytes themselves,
      * sent from the state buffer without a copy */
     size_t k = 0;
@@ -2367,43 +2436,6 @@ static int push_next(void *ctx, kd_msg *out) {
     *out = (kd_msg){.head = ps->pre, .head_len = k, .tail = (const uint8_t *)ps->p->state + ps->sent, .tail_len = (size_t)n};
     ps->sent += n;
     return 1;
-}
-
-/* The sections' checksums for the header, over [from, to). */
-typedef struct push_hash_job {
-    const uint8_t *state;
-    Kdecode__V1__StateSection *secs;
-    size_t from, to;
-} push_hash_job;
-
-static void *push_hash_run(void *arg) {
-    const push_hash_job *j = arg;
-    for (size_t i = j->from; i < j->to; i++)
-        j->secs[i].xxh3 = XXH3_64bits(j->state + j->secs[i].offset, (size_t)j->secs[i].size);
-    return NULL;
-}
-
-/* The checksums of every section: the second half of the bytes on a helper thread, started
- * first, the first half by the caller (the state is read from memory at the speed one core
- * can pull it; two pull faster, and the caller connects meanwhile). */
-typedef struct push_hash {
-    push_hash_job a, b;
-    pthread_t th;
-    int helper;
-} push_hash;
-
-static void push_hash_start(push_hash *ph, const uint8_t *state, Kdecode__V1__StateSection *secs) {
-    size_t mid = 0;
-    for (uint64_t half = 0; mid < g_layout.n && half < g_layout.total / 2; mid++) half += secs[mid].size;
-    ph->a = (push_hash_job){state, secs, 0, mid};
-    ph->b = (push_hash_job){state, secs, mid, g_layout.n};
-    ph->helper = mid < g_layout.n && pthread_create(&ph->th, NULL, push_hash_run, &ph->b) == 0;
-}
-
-static void push_hash_finish(push_hash *ph) {
-    push_hash_run(&ph->a);
-    if (ph->helper) pthread_join(ph->th, NULL);
-    else push_hash_run(&ph->b);
 }
 
 static void *prefill_push_main(void *arg) {
@@ -2449,17 +2481,17 @@ static void *prefill_push_main(void *arg) {
         }
     }
     handoff_header_fill(p, secs, secp, &ly, &hd);
-    push_hash ph;
-    push_hash_start(&ph, p->state, secs);
+    hd.checksums_in_trailer = 1; /* computed as the chunks go (push_next) */
     kd_err err;
     int owned = 0;
-    /* a kept client (its channel still connected from the last handoff to this peer); a new
-     * one connects while the checksums are computed */
-    if ((cl = peer_client(p->target, &owned, &err))) kd_client_preconnect(cl);
+    /* a kept client (its channel still connected from the last handoff to this peer) */
+    cl = peer_client(p->target, &owned, &err);
     cl_cached = cl && !owned;
-    push_hash_finish(&ph);
     kd_call_status st;
-    if (!cl) {
+    if (!(ps.tx = push_rx_new())) {
+        code = KD_STATUS_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory");
+    } else if (!cl) {
         code = KD_STATUS_UNAVAILABLE;
         snprintf(msg, sizeof msg, "decode worker %s: %.300s", p->target, err.msg);
     } else if (kd_client_client_stream(cl, "/kdecode.v1.Decoder/PushState", push_next, &ps, 120, &resp, &resp_len, &st,
@@ -2510,7 +2542,7 @@ done:;
         prefill_reply(p, NULL, code, msg);
     }
     if (pr) kdecode__v1__push_state_response__free_unpacked(pr, NULL);
-    free(resp), free(ps.msg), free(secs), free(secp);
+    free(resp), free(ps.msg), free(ps.tx), free(secs), free(secp);
     if (cl_cached && code == KD_STATUS_UNAVAILABLE) peer_client_drop(p->target, cl);
     else if (!cl_cached) kd_client_close(cl);
     pthread_mutex_lock(&g_srv.mu);

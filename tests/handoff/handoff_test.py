@@ -15,8 +15,8 @@ Equality*Test: one prefill worker (--role prefill), two decode workers (--role d
   (prompt + first token) over the claimed handoffs.
 FaultTest: the kimi-linear-48b-state model (42.8 MiB of state per request, 43 chunks; made
   by `kdecode mkmodel` at start-up). A real PushState stream is captured by a fake decode
-  worker (a Python grpc server) from a real prefill worker, then replayed, modified, against
-  a real decode worker. After every fault the decode worker must show slots_used == 0 and
+  worker (a Python grpc server) from a real prefill worker (header, chunks, and the trailer
+  with the checksums), then replayed, modified, against a real decode worker. After every fault the decode worker must show slots_used == 0 and
   handoffs_pending == 0 in GetLoads and still serve a normal request.
 
 Environment (set by handoff_test.sh): KDECODE_BIN, KDCTL_BIN, KDECODE_MODEL (the demo
@@ -534,8 +534,8 @@ class EqualityNoPrefixCacheTest(Equality, unittest.TestCase):
 
 
 class Capture:
-    """A fake decode worker: a Python grpc server whose Decoder.PushState records the header
-    and chunks a real prefill worker sends it, and acknowledges them."""
+    """A fake decode worker: a Python grpc server whose Decoder.PushState records the header,
+    chunks and trailer a real prefill worker sends it, and acknowledges them."""
 
     def __init__(self):
         self.pushes = {}
@@ -543,13 +543,16 @@ class Capture:
                                   options=[("grpc.max_receive_message_length", 16 << 20)])
 
         def push_state(it, context):
-            header, chunks = None, []
+            header, chunks, trailer = None, [], None
             for m in it:
-                if m.WhichOneof("msg") == "header":
+                kind = m.WhichOneof("msg")
+                if kind == "header":
                     header = m.header
+                elif kind == "trailer":
+                    trailer = m.trailer
                 else:
                     chunks.append(bytes(m.chunk))
-            self.pushes[header.request_id] = (header, chunks)
+            self.pushes[header.request_id] = (header, chunks, trailer)
             return pb.PushStateResponse(handoff_id=header.request_id, bytes_received=sum(map(len, chunks)),
                                         lease_seconds=30)
 
@@ -572,6 +575,10 @@ def header_msg(h):
 
 def chunk_msg(b):
     return pb.PushStateRequest(chunk=bytes(b))
+
+
+def trailer_msg(xxh3):
+    return pb.PushStateRequest(trailer=pb.HandoffTrailer(xxh3=list(xxh3)))
 
 
 def with_id(header, rid):
@@ -608,8 +615,14 @@ class FaultTest(unittest.TestCase):
         pr = cls.P.prefill_call(pb.PrefillRequest(request_id="captured", prompt_token_ids=cls.prompt,
                                                   decode_target=cls.cap.target, ignore_eos=True), timeout=T(120))
         cls.pr = pr
-        cls.header, cls.chunks = cls.cap.pushes["captured"]
+        cls.header, cls.chunks, cls.trailer = cls.cap.pushes["captured"]
         cls.cap.stop()
+        # the first form of the protocol (still accepted): the checksums in the header, no trailer
+        cls.header_with_sums = pb.HandoffHeader()
+        cls.header_with_sums.CopyFrom(cls.header)
+        cls.header_with_sums.checksums_in_trailer = False
+        for sec, x in zip(cls.header_with_sums.layout.sections, cls.trailer.xxh3 if cls.trailer else ()):
+            sec.xxh3 = x
         # what the request must generate: aggregated on the decode worker and `kdecode run`
         cls.expected, _ = generate(cls.D, gen_req(cls.prompt, cls.max_tokens, spec=SPEC_OFF))
         # the normal request that shows a worker still serves after each fault
@@ -661,8 +674,14 @@ class FaultTest(unittest.TestCase):
         server = server or self.D
         return rpc_code(server.push_call, iter(list(msgs)), timeout=timeout or T(60))
 
-    def stream(self, rid, header=None, chunks=None):
-        return [header_msg(with_id(header or self.header, rid))] + [chunk_msg(c) for c in (chunks or self.chunks)]
+    def stream(self, rid, header=None, chunks=None, trailer=None):
+        """The header under id rid, the chunks, then (when the header announces it) the trailer:
+        the captured one, or the checksums given."""
+        header = header or self.header
+        msgs = [header_msg(with_id(header, rid))] + [chunk_msg(c) for c in (chunks or self.chunks)]
+        if header.checksums_in_trailer:
+            msgs.append(trailer_msg(self.trailer.xxh3 if trailer is None else trailer))
+        return msgs
 
     def assert_served(self, server=None, what=""):
         """slots and handoffs all back, then a normal request (prompt Generate) gives the
@@ -732,6 +751,13 @@ class FaultTest(unittest.TestCase):
             off += s.size
         self.assertEqual(off, ly.total_bytes)
         self.assertEqual(sum(map(len, self.chunks)), ly.total_bytes)
+        # the checksums come after the state, one per section; none in the header
+        self.assertTrue(h.checksums_in_trailer)
+        self.assertIsNotNone(self.trailer, "a real prefill worker sent no HandoffTrailer")
+        self.assertEqual(len(self.trailer.xxh3), len(ly.sections))
+        self.assertEqual([s.xxh3 for s in ly.sections], [0] * len(ly.sections))
+        self.assertNotIn(0, self.trailer.xxh3)
+        self.assertEqual(len(set(self.trailer.xxh3)), len(ly.sections), "sections of distinct bytes, distinct sums")
         self.assertTrue(all(0 < len(c) <= CHUNK_MAX for c in self.chunks))
         self.assertEqual(len(self.chunks), -(-ly.total_bytes // CHUNK_MAX))
         self.assertEqual(self.expected, run_tokens(self.big, self.prompt, self.max_tokens))
@@ -826,6 +852,75 @@ class FaultTest(unittest.TestCase):
         self.assert_unclaimable(rid, "a too long stream")
         self.assert_served(what="a too long stream")
 
+    # ------------------------------------------------------ the trailer
+
+    def test_trailer_checksum_wrong(self):
+        """The state intact but one checksum of the trailer wrong: DATA_LOSS naming the section,
+        the slot freed; the same with every checksum zero (a trailer left unfilled)."""
+        ly = self.header.layout
+        for k in (0, len(ly.sections) // 2 + 1, len(ly.sections) - 1):
+            rid = self.new_id("bad-trailer")
+            sums = list(self.trailer.xxh3)
+            sums[k] ^= 1 << 40
+            d = self.assert_refused(self.stream(rid, trailer=sums), SC.DATA_LOSS, f"trailer checksum {k} wrong")
+            self.assertIn(f"checksum mismatch in state section {ly.sections[k].name}", d)
+            self.assert_unclaimable(rid, "a handoff whose trailer does not match")
+            self.assert_served(what=f"a wrong trailer checksum ({ly.sections[k].name})")
+        rid = self.new_id("zero-trailer")
+        self.assert_refused(self.stream(rid, trailer=[0] * len(ly.sections)), SC.DATA_LOSS, "a trailer of zeros")
+        self.assert_unclaimable(rid, "a handoff with a trailer of zeros")
+        self.assert_served(what="a trailer of zeros")
+
+    def test_stream_ends_without_trailer(self):
+        """Every chunk sent and intact, then the stream ends where the trailer was announced:
+        truncated (DATA_LOSS), the slot freed, never claimable."""
+        rid = self.new_id("no-trailer")
+        msgs = self.stream(rid)
+        self.assertEqual(msgs[-1].WhichOneof("msg"), "trailer")
+        d = self.assert_refused(msgs[:-1], SC.DATA_LOSS, "the trailer dropped")
+        self.assertIn("without its HandoffTrailer", d)
+        self.assert_unclaimable(rid, "a stream without its trailer")
+        self.assert_served(what="a stream without its trailer")
+
+    def test_trailer_out_of_place(self):
+        """A trailer before the last chunk (truncated), one with a checksum too few, and one the
+        header did not announce: refused, the slot freed each time."""
+        n = len(self.header.layout.sections)
+        rid = self.new_id("early-trailer")
+        msgs = self.stream(rid, chunks=self.chunks[:-1])
+        d = self.assert_refused(msgs, SC.DATA_LOSS, "a trailer before the last chunk")
+        self.assertIn("truncated", d)
+        self.assert_unclaimable(rid, "a trailer before the last chunk")
+        rid = self.new_id("short-trailer")
+        self.assert_refused(self.stream(rid, trailer=self.trailer.xxh3[:-1]), SC.INVALID_ARGUMENT,
+                            "a trailer with a checksum too few", f"{n - 1} checksums for {n} sections")
+        self.assert_unclaimable(rid, "a trailer with a checksum too few")
+        rid = self.new_id("unannounced-trailer")
+        msgs = self.stream(rid, header=self.header_with_sums) + [trailer_msg(self.trailer.xxh3)]
+        self.assert_refused(msgs, SC.INVALID_ARGUMENT, "a trailer the header did not announce", "did not announce")
+        self.assert_unclaimable(rid, "an unannounced trailer")
+        self.assert_served(what="misplaced trailers")
+
+    def test_checksums_in_header(self):
+        """The first form of the protocol (checksums in the header, no trailer) still works, and
+        its checksums are still checked."""
+        rid = self.new_id("sums-in-header")
+        msgs = self.stream(rid, header=self.header_with_sums)
+        self.assertEqual(msgs[-1].WhichOneof("msg"), "chunk")
+        c, d, resp = self.push(msgs)
+        self.assertEqual(c, SC.OK, f"{d}\n{self.D.tail()}")
+        self.assertEqual(resp.bytes_received, self.header.layout.total_bytes)
+        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
+        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        rid = self.new_id("bad-sum-in-header")
+        h = pb.HandoffHeader()
+        h.CopyFrom(self.header_with_sums)
+        h.layout.sections[3].xxh3 ^= 1
+        d = self.assert_refused(self.stream(rid, header=h), SC.DATA_LOSS, "a wrong checksum in the header")
+        self.assertIn(h.layout.sections[3].name, d)
+        self.assert_unclaimable(rid, "a wrong checksum in the header")
+        self.assert_served(what="checksums in the header")
+
     def test_chunk_over_1mib(self):
         rid = self.new_id("big-chunk")
         data = b"".join(self.chunks)
@@ -903,11 +998,15 @@ class FaultTest(unittest.TestCase):
         self.assertEqual(c, SC.FAILED_PRECONDITION, d)
         self.assertIn("NCCL", d)
         rid = self.new_id("nccl-header")
-        h = with_id(self.header, rid)
+        h = with_id(self.header_with_sums, rid)  # an NCCL header announces no trailer
         h.transport = pb.HANDOFF_TRANSPORT_NCCL
         h.nccl_comm_id = "nccl-test"
         self.assert_refused([header_msg(h)], SC.FAILED_PRECONDITION, "an NCCL header on a CPU worker", "NCCL")
         self.assert_unclaimable(rid, "an NCCL header on a CPU worker")
+        h.checksums_in_trailer = True
+        self.assert_refused([header_msg(h)], SC.INVALID_ARGUMENT, "an NCCL header announcing a trailer",
+                            "checksums_in_trailer")
+        self.assert_unclaimable(rid, "an NCCL header announcing a trailer")
         self.assert_served(what="NCCL requests to a CPU worker")
         pr = self.P.prefill_call(pb.PrefillRequest(request_id=self.new_id("grpc-transport"), prompt_token_ids=self.probe,
                                                    decode_target=self.D.target, ignore_eos=True), timeout=T(120))
@@ -1033,6 +1132,7 @@ class FaultTest(unittest.TestCase):
             gate.wait(T(30))
             for ch in self.chunks[1:]:
                 yield chunk_msg(ch)
+            yield trailer_msg(self.trailer.xxh3)
 
         fut = self.D.push_call.future(slow(), timeout=T(60))
         try:

@@ -8,10 +8,11 @@ Kimi-Linear-48B's KDA layers, 20 x 32 heads x 128 x 128 fp32 + conv windows = 42
 request, on a narrow model), then, one request at a time:
 
   Prefill(prompt, decode_target)      -> PrefillResponse.handoff_seconds / handoff_bytes
-                                         (prefill side: checksums + connect + stream + the
-                                         decode worker's write and checksums of the slot
-                                         bytes + its acknowledgement), the
-                                         call's own time (end to end), prefill_seconds
+                                         (prefill side: the stream (header, chunks hashed as
+                                         they go, trailer with the checksums) + the decode
+                                         worker's write and checksums of the slot bytes + its
+                                         acknowledgement), the call's own time (end to end),
+                                         prefill_seconds
   Generate(handoff_id, max_tokens=1)  -> time from Prefill's return to the first message
   tcp_floor BYTES 1                   -> the same bytes over a fresh 127.0.0.1 TCP
                                          connection between two processes, acknowledged
@@ -241,9 +242,10 @@ def main():
         f"{nbytes} bytes ({nbytes / (1 << 20):.2f} MiB) of state per request; one prefill worker and one decode "
         f"worker (`kdecode serve --role prefill|decode`, CPU backend) on 127.0.0.1; {ARGS.requests} requests "
         f"after {ARGS.warmup} warm-up, one at a time, prompts of {ARGS.prompt_len} random tokens. "
-        "Handoff: `PrefillResponse.handoff_seconds` (prefill side, from the push's start: section "
-        "checksums, connect, header + 1 MiB chunks over gRPC, the decode worker's write into the slot (each "
-        "piece hashed from the slot as it lands) and final check, its acknowledgement). TCP floor: `tcp_floor` (tests/bench/handoff/tcp_floor.c), the same "
+        "Handoff: `PrefillResponse.handoff_seconds` (prefill side, from the push's start: header, 1 MiB "
+        "chunks over gRPC each hashed as it is sent, a trailer with the section checksums; the decode "
+        "worker's write into the slot (each piece hashed from the slot as it lands), its check at the "
+        "trailer and acknowledgement). TCP floor: `tcp_floor` (tests/bench/handoff/tcp_floor.c), the same "
         "bytes over a fresh 127.0.0.1 connection between two processes in 1 MiB writes into a preallocated "
         "buffer, acknowledged; one run right after each handoff. Ratio: TCP time / handoff time "
         f"(= handoff throughput / TCP throughput), medians; target >= {TARGET:.0%}.",
