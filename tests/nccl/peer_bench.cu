@@ -131,10 +131,14 @@ static int xproc_main(int argc, char **argv) {
     const int gap_ms = argc > 3 ? atoi(argv[3]) : 0, reg = argc > 4 ? atoi(argv[4]) : 0,
               iso = argc > 5 ? atoi(argv[5]) : 1, iters = 23;
     int to_child[2], to_parent[2];
-    if (pipe(to_child) || pipe(to_parent)) return 1;
+    if (pipe(to_child) || pipe(to_parent)) return perror("peer_bench xproc: pipe"), 1;
     const pid_t pid = fork(); // before any CUDA call
-    if (pid < 0) return 1;
+    if (pid < 0) return perror("peer_bench xproc: fork"), 1;
     const int rank = pid == 0 ? 1 : 0, rfd = rank ? to_child[0] : to_parent[0], wfd = rank ? to_parent[1] : to_child[1];
+    // each side keeps only its own ends: when the other process dies, a read sees the end of
+    // the pipe (and exits) instead of waiting on a write end it holds itself
+    close(rank ? to_child[1] : to_parent[1]);
+    close(rank ? to_parent[0] : to_child[0]);
     if (iso) setenv("CUDA_VISIBLE_DEVICES", rank ? "1" : "0", 1);
     CK(cudaSetDevice(iso ? 0 : rank));
     ncclUniqueId uid;
