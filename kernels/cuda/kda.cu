@@ -561,6 +561,35 @@ __device__ __forceinline__ void fetch(float *dst, const float *src, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) cp_async4(dst + i, src + i);
 }
 
+// The state tile of a head into shared memory, [K][CB] at row stride SP = CB + 4 (the
+// mma-layout reads, 8 bytes per lane, then fall into distinct banks), by asynchronous 16-byte
+// copies (no registers held while they fly).
+template <int K, int CB>
+__device__ __forceinline__ void tile_fetch(float *st, const float *S, int V, int j0) {
+    constexpr int SP = CB + 4;
+    const bool vec = V % 4 == 0 && (((uintptr_t)S) & 15) == 0;
+    for (int i = threadIdx.x; i < K * CB / 4; i += blockDim.x) {
+        const int c = i / (CB / 4), j = i % (CB / 4) * 4;
+        float *d = st + c * SP + j;
+        const float *src = S + (size_t)c * V + j0 + j;
+        if (vec && j0 + j < V) cp_async16(d, src);
+        else
+            for (int e = 0; e < 4; e++) {
+                if (j0 + j + e < V) cp_async4(d + e, src + e);
+                else d[e] = 0.f;
+            }
+    }
+}
+// The lane's mma-layout values (value columns vl, vl + 1) from the tile.
+template <int KT, int SP>
+__device__ __forceinline__ void tile_to_regs(float (&s)[KT][4], const float *st, int vl, int q) {
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        const float2 x = *(const float2 *)(st + (kt * 8 + 2 * q) * SP + vl);
+        const float2 y = *(const float2 *)(st + (kt * 8 + 2 * q + 1) * SP + vl);
+        s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
+    }
+}
 // The fold's records t < n of one head: raw key (kr) and raw gate (gr), [t][K], and the
 // gate's dt_bias, fetched into shared memory (asynchronously: cp_async_wait + barrier).
 template <int K>
@@ -924,10 +953,62 @@ __host__ __device__ constexpr size_t tc_work_floats(int K, int FR) { return (siz
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Warp sums of 16 values at once in 16 shuffles (instead of 5 per value): each step keeps
+// half of the values and adds the partner lane's copy of that half. Afterwards lane l holds
+// the sum of value 8 b4 + 4 b3 + 2 b2 + b1 (b_i: bit i of l) over the warp.
+template <int H>
+__device__ __forceinline__ void warp_sum16_step(float (&v)[16], int lane) {
+    const bool up = lane & (2 * H);
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const float lo = v[i], hi = v[i + H];
+        const float keep = up ? hi : lo, send = up ? lo : hi;
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * H);
+    }
+}
+__device__ __forceinline__ float warp_sum16(float (&v)[16], int lane) {
+    warp_sum16_step<8>(v, lane), warp_sum16_step<4>(v, lane), warp_sum16_step<2>(v, lane), warp_sum16_step<1>(v, lane);
+    return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+}
+__device__ __forceinline__ int warp_sum16_index(int lane) { return (lane >> 1) & 15; }
+
+// A warp's sums over its channels of M_tr = k_t x_tr (r < t) and N_tr = q_t x_tr (r <= t),
+// x_tr = k_r prod_{r<s<=t} d_s, into mn[t * 8 + r] and mn[64 + t * 8 + r] (t < T): per t, the
+// 2 t + 1 sums side by side. kw, qw, dw: this lane's channel of the window's tokens.
+__device__ __forceinline__ void window_sums(const float (&kw)[8], const float (&qw)[8], const float (&dw)[8], int T,
+                                            int lane, float *mn) {
+    if (T < 1) return;
+    float x[8];
+    x[0] = kw[0];
+    {
+        float n0 = qw[0] * kw[0];
+#pragma unroll
+        for (int o = 16; o >= 1; o /= 2) n0 += __shfl_xor_sync(0xffffffffu, n0, o);
+        if (lane == 0) mn[0] = 0.f, mn[64] = n0; /* M_00 = 0 */
+    }
+#pragma unroll
+    for (int t = 1; t < 8; t++) {
+        if (t >= T) break;
+        float v[16]; /* M_t0..M_t7, N_t0..N_t7 */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r < t) x[r] *= dw[t];
+            if (r == t) x[r] = kw[t];
+            v[r] = r < t ? kw[t] * x[r] : 0.f;
+            v[8 + r] = r <= t ? qw[t] * x[r] : 0.f;
+        }
+        const float s = warp_sum16(v, lane);
+        const int i = warp_sum16_index(lane);
+        if (!(lane & 1)) mn[(i / 8) * 64 + t * 8 + i % 8] = s;
+    }
+}
+
 template <int K>
-__global__ void __launch_bounds__(K) tc_prologue_kernel(const kd_kda_args a) {
-    constexpr int NWP = K / 32, NR = 16 + 72; /* per warp: 16 record norms, 36 M and 36 N pairs */
+__global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_args a) {
+    /* per warp: 16 record norms, then M and N as [8][8] each (sums over the warp's channels) */
+    constexpr int NWP = K / 32, NR = 16 + 128;
     __shared__ float red[NWP][NR];
+    __shared__ float skg[2][16][K]; /* the records' raw key and gate, each thread its own channel */
     pdl_trigger();
     const kd_kda_row row = a.rows[blockIdx.y];
     const int h = blockIdx.x, hk = h / (a.HV / a.H), T = row.len, F = row.fold, FR = (a.Tw + 7) / 8 * 8;
@@ -936,95 +1017,75 @@ __global__ void __launch_bounds__(K) tc_prologue_kernel(const kd_kda_args a) {
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * a.Tw) * (size_t)a.HV * 2 * K;
     float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * a.Tw) * (size_t)a.HV * 2 * K;
     float *w = a.work + ((size_t)blockIdx.y * a.HV + h) * tc_work_floats(K, FR);
-    // every load first
-    float kr[16], gr[16], kw[8], qw[8], dw[8], kn[8], gn[8];
+    // every load first: the records into shared memory (no registers held), the window's
+    // keys, queries and decays into registers
+    for (int t = 0; t < F; t++) {
+        const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+        cp_async4(&skg[0][t][c], rk + c), cp_async4(&skg[1][t][c], rk + K + c);
+    }
+    float kw[8], qw[8], dw[8];
 #pragma unroll
-    for (int t = 0; t < 16; t++)
-        if (t < F) {
-            const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-            kr[t] = rk[c], gr[t] = rk[K + c];
-        }
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (t < T) {
-            const size_t n = (size_t)row.start + t;
-            kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
-            dw[t] = a.decay[(n * a.HV + h) * K + c];
-            kn[t] = a.kraw[(n * a.H + hk) * K + c], gn[t] = a.graw[(n * a.HV + h) * K + c];
-        }
+    for (int t = 0; t < 8; t++) {
+        if (t >= T) break;
+        const size_t n = (size_t)row.start + t;
+        kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+        dw[t] = a.decay[(n * a.HV + h) * K + c];
+    }
     const float dtb = a.dt_bias[(size_t)h * K + c], A = expf(a.A_log[h]);
     // the new records (the window's raw key and gate); the fold reads the other buffer
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (t < T) {
-            float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-            r[c] = kn[t], r[K + c] = gn[t];
-        }
-    // per channel partials: |k_t|^2 of the records; M_tr, N_tr with running products
-    float part[NR];
-#pragma unroll
-    for (int t = 0; t < 16; t++) part[t] = t < F ? kr[t] * kr[t] : 0.f;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        float x = kw[r];
-#pragma unroll
-        for (int t = r; t < 8; t++) {
-            const int p = 16 + t * (t + 1) / 2 + r;
-            part[p] = part[p + 36] = 0.f;
-            if (t < T) {
-                if (t > r) x *= dw[t];
-                part[p] = t > r ? kw[t] * x : 0.f;
-                part[p + 36] = qw[t] * x;
-            }
-        }
+    for (int t = 0; t < T; t++) {
+        const size_t n = (size_t)row.start + t;
+        float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+        r[c] = a.kraw[(n * a.H + hk) * K + c], r[K + c] = a.graw[(n * a.HV + h) * K + c];
     }
+    // M_tr = sum_c k_t x_tr (r < t), N_tr = sum_c q_t x_tr (r <= t), x_tr = k_r prod_{r<s<=t} d_s:
+    // per t, the 2 (t + 1) warp sums side by side
+    window_sums(kw, qw, dw, T, lane, &red[warp][16]);
+    // |k_t|^2 of the records, side by side
+    cp_async_wait();
+    if (F > 3) {
+        float ss[16];
 #pragma unroll
-    for (int i = 0; i < NR; i++) {
-        const bool used = i < 16 ? i < F : (i - 16) % 36 < T * (T + 1) / 2;
-        if (used) { /* warp-uniform */
-            float x = part[i];
+        for (int t = 0; t < 16; t++) ss[t] = t < F ? skg[0][t][c] * skg[0][t][c] : 0.f;
+        const float s = warp_sum16(ss, lane);
+        if (!(lane & 1)) red[warp][warp_sum16_index(lane)] = s;
+    } else {
+        for (int t = 0; t < F; t++) {
+            float s = skg[0][t][c] * skg[0][t][c];
 #pragma unroll
-            for (int m = 16; m >= 1; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
-            if (lane == 0) red[warp][i] = x;
+            for (int o = 16; o >= 1; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0) red[warp][t] = s;
         }
     }
     __syncthreads();
-    // per channel: the records' decays, the fold weights (backwards), the window's
+    // per channel: the records' decays and the fold weights (backwards), the window's
     // decayed keys and queries (forwards)
-    float d[16];
-#pragma unroll
-    for (int t = 0; t < 16; t++)
-        if (t < F) d[t] = expf(gatef_(gr[t] + dtb, A, a.use_lower_bound, a.lower_bound));
     float p = 1.f;
+    for (int t = F - 1; t >= 0; t--) {
+        float ss = 0.f;
 #pragma unroll
-    for (int t = 15; t >= 0; t--)
-        if (t < F) {
-            float ss = 0.f;
-#pragma unroll
-            for (int x = 0; x < NWP; x++) ss += red[x][t];
-            w[t * K + c] = kr[t] * rsqrtf(ss + 1e-6f) * p;
-            p *= d[t];
-        }
+        for (int y = 0; y < NWP; y++) ss += red[y][t];
+        w[t * K + c] = skg[0][t][c] * rsqrtf(ss + 1e-6f) * p;
+        p *= expf(gatef_(skg[1][t][c] + dtb, A, a.use_lower_bound, a.lower_bound));
+    }
     w[FR * K + c] = p;
     float b = 1.f;
     float *aw = w + (FR + 1) * K;
 #pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (t < T) {
-            b *= dw[t];
-            aw[t * K + c] = kw[t] * b;
-            aw[(T + t) * K + c] = qw[t] * b;
-        }
+    for (int t = 0; t < 8; t++) {
+        if (t >= T) break;
+        b *= dw[t];
+        aw[t * K + c] = kw[t] * b;
+        aw[(T + t) * K + c] = qw[t] * b;
+    }
     // M and N, full 8 x 8 (zeros outside r <= t < T)
     for (int i = c; i < 128; i += K) {
         const int mat = i / 64, t = i % 64 / 8, r = i % 8;
-        float x = 0.f;
-        if (r <= t && t < T && (mat == 1 || r < t)) {
-            const int j = 16 + mat * 36 + t * (t + 1) / 2 + r;
+        float s = 0.f;
+        if (r <= t && t < T && (mat == 1 || r < t))
 #pragma unroll
-            for (int y = 0; y < NWP; y++) x += red[y][j];
-        }
-        w[(FR + 17) * K + i] = x;
+            for (int y = 0; y < NWP; y++) s += red[y][16 + i];
+        w[(FR + 17) * K + i] = s;
     }
 }
 
@@ -1148,18 +1209,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
     // (0) asynchronous copies: the state tile [K][CB], the fold's corrections, v, beta
-    const bool vec = V % 4 == 0 && (((uintptr_t)S) & 15) == 0;
-    for (int i = tid; i < K * CB / 4; i += NTH) {
-        const int c = i / (CB / 4), j = i % (CB / 4) * 4;
-        float *d = st + c * SP + j;
-        const float *src = S + (size_t)c * V + j0 + j;
-        if (vec && j0 + j < V) cp_async16(d, src);
-        else
-            for (int e = 0; e < 4; e++) {
-                if (j0 + j + e < V) cp_async4(d + e, src + e);
-                else d[e] = 0.f;
-            }
-    }
+    tile_fetch<K, CB>(st, S, V, j0);
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, jj = i % CB;
         if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
@@ -1227,20 +1277,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
                     float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
                     r[c] = a.kraw[(n * a.H + hk) * K + c], r[K + c] = a.graw[(n * a.HV + h) * K + c];
                 }
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            float x = kw[r];
-#pragma unroll
-            for (int t = r; t < 8; t++)
-                if (t < T) {
-                    if (t > r) x *= dw[t];
-                    float m = kw[t] * x, nn = qw[t] * x;
-#pragma unroll
-                    for (int o = 16; o >= 1; o /= 2)
-                        m += __shfl_xor_sync(0xffffffffu, m, o), nn += __shfl_xor_sync(0xffffffffu, nn, o);
-                    if (lane == 0) red[warp * NR + 16 + t * 8 + r] = t > r ? m : 0.f, red[warp * NR + 16 + 64 + t * 8 + r] = nn;
-                }
-        }
+        window_sums(kw, qw, dw, T, lane, red + warp * NR + 16);
         float b = 1.f;
 #pragma unroll
         for (int t = 0; t < 8; t++)
@@ -1267,18 +1304,12 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     cp_async_wait();
     __syncthreads();
     // (2) per warp: 16 columns of S^T into registers, fold, store, window product
-    const int vl = warp * 16 + 2 * g, va = j0 + vl;
-    const bool live = va < V;
+    const int vl = warp * 16 + 2 * g;
     float s[KT][4];
-#pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
-        const float2 x = *(const float2 *)(st + (kt * 8 + 2 * q) * SP + vl);
-        const float2 y = *(const float2 *)(st + (kt * 8 + 2 * q + 1) * SP + vl);
-        s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
-    }
+    tile_to_regs<KT, SP>(s, st, vl, q);
     if (F > 0) {
         tc_fold_smem<K>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live) tc_store<KT>(s, S, V, va, q);
+        if (j0 + vl < V) tc_store<KT>(s, S, V, j0 + vl, q);
     }
     tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
