@@ -534,10 +534,10 @@ __device__ __forceinline__ void tc_load(float (&s)[KT][4], const float *S, int V
         s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
     }
 }
-template <int KT>
+template <int KT, int KT0 = 0> /* key tiles [KT0, KT) */
 __device__ __forceinline__ void tc_store(const float (&s)[KT][4], float *S, int V, int va, int q) {
 #pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = KT0; kt < KT; kt++) {
         float *p = S + (size_t)(kt * 8 + 2 * q) * V + va;
         *(float2 *)p = make_float2(s[kt][0], s[kt][2]);
         *(float2 *)(p + V) = make_float2(s[kt][1], s[kt][3]);
@@ -553,6 +553,8 @@ __device__ __forceinline__ void cp_async16(float *dst, const float *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
 }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 // n floats, dst 16-byte aligned
 __device__ __forceinline__ void fetch(float *dst, const float *src, int n) {
     if ((((uintptr_t)src) & 15) == 0 && (n & 3) == 0)
@@ -565,10 +567,10 @@ __device__ __forceinline__ void fetch(float *dst, const float *src, int n) {
 // mma-layout reads, 8 bytes per lane, then fall into distinct banks), by asynchronous 16-byte
 // copies (no registers held while they fly).
 template <int K, int CB>
-__device__ __forceinline__ void tile_fetch(float *st, const float *S, int V, int j0) {
+__device__ __forceinline__ void tile_fetch(float *st, const float *S, int V, int j0, int r0 = 0, int r1 = K) {
     constexpr int SP = CB + 4;
     const bool vec = V % 4 == 0 && (((uintptr_t)S) & 15) == 0;
-    for (int i = threadIdx.x; i < K * CB / 4; i += blockDim.x) {
+    for (int i = r0 * (CB / 4) + threadIdx.x; i < r1 * (CB / 4); i += blockDim.x) {
         const int c = i / (CB / 4), j = i % (CB / 4) * 4;
         float *d = st + c * SP + j;
         const float *src = S + (size_t)c * V + j0 + j;
@@ -581,10 +583,10 @@ __device__ __forceinline__ void tile_fetch(float *st, const float *S, int V, int
     }
 }
 // The lane's mma-layout values (value columns vl, vl + 1) from the tile.
-template <int KT, int SP>
+template <int KT, int SP, int KT0 = 0, int KT1 = KT> /* key tiles [KT0, KT1) */
 __device__ __forceinline__ void tile_to_regs(float (&s)[KT][4], const float *st, int vl, int q) {
 #pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = KT0; kt < KT1; kt++) {
         const float2 x = *(const float2 *)(st + (kt * 8 + 2 * q) * SP + vl);
         const float2 y = *(const float2 *)(st + (kt * 8 + 2 * q + 1) * SP + vl);
         s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
@@ -1097,12 +1099,12 @@ __host__ __device__ constexpr int tc_split_smem(int K, int NW, int NT, int FR) {
 // The fold from shared memory: s (the lane's S0^T tile) <- S0^T diag(cpF) + U^T Wf, with
 // U [t][UP] (value columns vl, vl + 1 of records t < F) and Wf [t][K + 8] in fp32 (split
 // into tf32 hi / lo here).
-template <int K>
+template <int K, int KT0 = 0, int KT1 = K / 8> /* key tiles [KT0, KT1) */
 __device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *cpF, const float *su, int UP,
                                              const float *wf, int F, int vl, int g, int q) {
-    constexpr int KT = K / 8, KP = K + 8;
+    constexpr int KP = K + 8;
 #pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = KT0; kt < KT1; kt++) {
         const float2 cc = *(const float2 *)(cpF + kt * 8 + 2 * q);
         s[kt][0] *= cc.x, s[kt][1] *= cc.y, s[kt][2] *= cc.x, s[kt][3] *= cc.y;
     }
@@ -1118,7 +1120,7 @@ __device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *
         u.set(x.x, x.y, y.x, y.y);
         const int r0 = (ft * 8 + q) * KP, r1 = r0 + 4 * KP;
 #pragma unroll
-        for (int kt = 0; kt < KT; kt++) {
+        for (int kt = KT0; kt < KT1; kt++) {
             uint32_t h0, h1, l0, l1;
             split2(wf[r0 + kt * 8 + g], wf[r1 + kt * 8 + g], h0, h1, l0, l1);
             mma3(s[kt], u, h0, h1, l0, l1);
@@ -1208,8 +1210,9 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
     float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
-    // (0) asynchronous copies: the state tile [K][CB], the fold's corrections, v, beta
-    tile_fetch<K, CB>(st, S, V, j0);
+    // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
+    // corrections, v and beta, then its other half (folded and stored while that half lands)
+    tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, jj = i % CB;
         if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
@@ -1221,6 +1224,9 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         else sv[i] = 0.f;
     }
     if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    cp_async_commit();
+    tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+    cp_async_commit();
     // (1) the prologue, in two halves
     const int c = tid % 128;
     const bool act = c < K;
@@ -1301,15 +1307,24 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
         for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
     }
+    cp_async_wait1();
+    __syncthreads();
+    // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
+    // channels while the second lands), window product
+    const int vl = warp * 16 + 2 * g;
+    const bool live = j0 + vl < V;
+    float s[KT][4];
+    tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
+    if (F > 0) {
+        tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
+    }
     cp_async_wait();
     __syncthreads();
-    // (2) per warp: 16 columns of S^T into registers, fold, store, window product
-    const int vl = warp * 16 + 2 * g;
-    float s[KT][4];
-    tile_to_regs<KT, SP>(s, st, vl, q);
+    tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
     if (F > 0) {
-        tc_fold_smem<K>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (j0 + vl < V) tc_store<KT>(s, S, V, j0 + vl, q);
+        tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT, KT / 2>(s, S, V, j0 + vl, q);
     }
     tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
