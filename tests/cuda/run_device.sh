@@ -20,6 +20,8 @@ san=/usr/local/cuda/bin/compute-sanitizer
 # (no timing table): for runs that re-check kernels already timed and sanitized.
 # KD_KDA_CHECK_NEW=1 (passed through to kda_check) limits its checks to the split and
 # one-pass verify forms, e.g. to sanitize a change to those alone in less time.
+# KD_KDA_PROFILE=B,T makes kda_check skip its checks and time that one size only (to run it
+# under a profiler: ncu --clock-control none -k regex:"tc_prologue|verify_split" ...).
 if [[ ${KD_KDA_SANITIZE:-1} != 0 && -x $san ]]; then
   "$san" --tool memcheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/memcheck.txt"
   "$san" --tool racecheck --error-exitcode 3 "$bin/kda_check" "$out" "$commit" check 2>&1 | tail -4 | tee "$out/racecheck.txt"
