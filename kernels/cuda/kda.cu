@@ -524,10 +524,10 @@ __device__ __forceinline__ void put_split(float *hi, float *lo, int i, float x) 
 }
 
 // The lane's 2 x 8kt.. state values of one head, [kt][c-fragment], from / to [K][V].
-template <int KT>
+template <int KT, int KT0 = 0, int KT1 = KT> /* key tiles [KT0, KT1) */
 __device__ __forceinline__ void tc_load(float (&s)[KT][4], const float *S, int V, int va, int q, bool live) {
 #pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = KT0; kt < KT1; kt++) {
         const float *p = S + (size_t)(kt * 8 + 2 * q) * V + va;
         const float2 x = live ? *(const float2 *)p : make_float2(0.f, 0.f);
         const float2 y = live ? *(const float2 *)(p + V) : make_float2(0.f, 0.f);
@@ -683,16 +683,18 @@ __device__ __forceinline__ void tc_load_u(frag_a (&u)[2], const kd_kda_args &a, 
 // accumulators per n tile (even / odd kt), hi*hi and the low-order terms apart. bfrag(nt, kt,
 // h0, h1, l0, l1) gives the B fragment of A (rows nt * 8 + g, channels kt * 8 + 2q, 2q + 1),
 // split into tf32 hi / lo.
-template <int K, int NT, class BFrag>
-__device__ __forceinline__ void tc_window(const float (&s)[K / 8][4], BFrag bfrag, float *P, int vl, int q) {
-    constexpr int KT = K / 8;
-    float acc[4][NT][4];
+template <int NT>
+__device__ __forceinline__ void tc_window_zero(float (&acc)[4][NT][4]) {
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.f;
+}
+// Key tiles [KT0, KT1) of the product into acc.
+template <int K, int NT, int KT0, int KT1, class BFrag>
+__device__ __forceinline__ void tc_window_acc(const float (&s)[K / 8][4], BFrag bfrag, float (&acc)[4][NT][4]) {
 #pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = KT0; kt < KT1; kt++) {
         frag_a x;
         x.set(s[kt][0], s[kt][2], s[kt][1], s[kt][3]);
 #pragma unroll
@@ -705,6 +707,9 @@ __device__ __forceinline__ void tc_window(const float (&s)[K / 8][4], BFrag bfra
             mma_tf32(big, x.h[0], x.h[1], x.h[2], x.h[3], h0, h1);
         }
     }
+}
+template <int NT>
+__device__ __forceinline__ void tc_window_put(const float (&acc)[4][NT][4], float *P, int vl, int q) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         float r[4];
@@ -715,18 +720,30 @@ __device__ __forceinline__ void tc_window(const float (&s)[K / 8][4], BFrag bfra
         P[(vl + 1) * 17 + n0] = r[2], P[(vl + 1) * 17 + n0 + 1] = r[3];
     }
 }
+template <int K, int NT, class BFrag>
+__device__ __forceinline__ void tc_window(const float (&s)[K / 8][4], BFrag bfrag, float *P, int vl, int q) {
+    float acc[4][NT][4];
+    tc_window_zero<NT>(acc);
+    tc_window_acc<K, NT, 0, K / 8>(s, bfrag, acc);
+    tc_window_put<NT>(acc, P, vl, q);
+}
 
-// The window with A [n][K + 8] in fp32 in shared memory (split into tf32 hi / lo here).
+// B fragments of the window's A [n][K + 8], fp32 in shared memory (split into tf32 hi / lo).
+template <int K>
+struct smem_bfrag {
+    const float *aw;
+    int g, q;
+    __device__ __forceinline__ void operator()(int nt, int kt, uint32_t &h0, uint32_t &h1, uint32_t &l0,
+                                               uint32_t &l1) const {
+        const float2 bb = *(const float2 *)(aw + (nt * 8 + g) * (K + 8) + kt * 8 + 2 * q);
+        split2(bb.x, bb.y, h0, h1, l0, l1);
+    }
+};
+// The window with A in shared memory.
 template <int K, int NT>
 __device__ __forceinline__ void tc_window_smem(const float (&s)[K / 8][4], const float *aw, float *P, int vl, int g,
                                                int q) {
-    tc_window<K, NT>(
-        s,
-        [&](int nt, int kt, uint32_t &h0, uint32_t &h1, uint32_t &l0, uint32_t &l1) {
-            const float2 bb = *(const float2 *)(aw + (nt * 8 + g) * (K + 8) + kt * 8 + 2 * q);
-            split2(bb.x, bb.y, h0, h1, l0, l1);
-        },
-        P, vl, q);
+    tc_window<K, NT>(s, smem_bfrag<K>{aw, g, q}, P, vl, q);
 }
 
 // The triangular solve of one value column (col in the block's CB, j in the head):
@@ -1091,8 +1108,9 @@ __global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_a
     }
 }
 
-__host__ __device__ constexpr int tc_split_smem(int K, int NW, int NT, int FR) {
-    return FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * NW * 16 + 16 + FR * (NW * 16 + 8) + NW * 16 * 17;
+__host__ __device__ constexpr int tc_split_smem(int K, int NW, int NT, int FR, bool half = false) {
+    return FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * NW * 16 + 16 + FR * (NW * 16 + 8) + NW * 16 * 17 +
+           (half ? K / 2 * (NW * 16 + 4) : 0);
 }
 
 
@@ -1130,7 +1148,10 @@ __device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *
 
 
 
-template <int K, int NW, int NT, int MINB, bool PDL>
+// HALF: only the state's first K / 2 key channels go to registers as they load; the other half
+// is copied into shared memory and taken after the first is folded, stored and multiplied
+// (half the registers for the state: more blocks per SM).
+template <int K, int NW, int NT, int MINB, bool PDL, bool HALF>
 __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
     constexpr int KT = K / 8, KP = K + 8, CB = NW * 16, NTH = NW * 32;
@@ -1143,9 +1164,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
     float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
     float *wf = smem, *cpF = wf + FR * KP, *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64;
     float *sv = N + 64, *sb = sv + 8 * CB, *su = sb + 16, *P = su + FR * (CB + 8);
+    float *st = P + CB * 17 - (K / 2) * (CB + 4); /* (HALF) rows K / 2.. of the state tile at st + row * (CB + 4) */
     // the state, the fold's corrections, v and beta: not written by the prologue kernel
     float s[KT][4];
-    tc_load<KT>(s, S, V, va, q, live);
+    if (HALF) {
+        tc_load<KT, 0, KT / 2>(s, S, V, va, q, live);
+        tile_fetch<K, CB>(st, S, V, blockIdx.x * CB, K / 2, K);
+    } else {
+        tc_load<KT>(s, S, V, va, q, live);
+    }
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, j = blockIdx.x * CB + i % CB;
         if (j < V) cp_async4(su + t * (CB + 8) + i % CB, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j);
@@ -1170,11 +1197,29 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
     __syncthreads();
     // the fold and the checkpoint, written once
     const int vl = warp * 16 + 2 * g;
-    if (F > 0) {
-        tc_fold_smem<K>(s, cpF, su, CB + 8, wf, F, vl, g, q);
-        if (live) tc_store<KT>(s, S, V, va, q);
+    if (HALF) {
+        float acc[4][NT][4];
+        tc_window_zero<NT>(acc);
+        const smem_bfrag<K> bf{aw, g, q};
+        if (F > 0) {
+            tc_fold_smem<K, 0, KT / 2>(s, cpF, su, CB + 8, wf, F, vl, g, q);
+            if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, va, q);
+        }
+        tc_window_acc<K, NT, 0, KT / 2>(s, bf, acc);
+        tile_to_regs<KT, CB + 4, KT / 2, KT>(s, st, vl, q);
+        if (F > 0) {
+            tc_fold_smem<K, KT / 2, KT>(s, cpF, su, CB + 8, wf, F, vl, g, q);
+            if (live) tc_store<KT, KT / 2>(s, S, V, va, q);
+        }
+        tc_window_acc<K, NT, KT / 2, KT>(s, bf, acc);
+        tc_window_put<NT>(acc, P, vl, q);
+    } else {
+        if (F > 0) {
+            tc_fold_smem<K>(s, cpF, su, CB + 8, wf, F, vl, g, q);
+            if (live) tc_store<KT>(s, S, V, va, q);
+        }
+        tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     }
-    tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
     for (int col = tid; col < CB; col += NTH)
         if (blockIdx.x * CB + col < V)
@@ -1377,21 +1422,24 @@ int g_force_r; /* tests and benchmarks: force a shape (0: choose) */
  * narrow with that R; 16: wide. */
 int g_tc = 1, g_tc_warps; /* the tensor-core path (default) and its warps per block (0: choose) */
 /* The verify's form: 1 (default) chosen by size (verify_form); forced (tests, benchmarks):
- * 4 the split verify with the verify a programmatic dependent of the prologue, 2 the same
- * in plain stream order (both need a.work), 3 the one-pass verify, 0 the one-kernel
- * verify (verify_tc_kernel, with the rule of tc_ok). */
+ * 4 the split verify with the verify a programmatic dependent of the prologue, the state in
+ * registers only, 2 the same in plain stream order (both need a.work), 5 the split verify
+ * with half the state through shared memory (the default's form from B = 32), 3 the
+ * one-pass verify, 0 the one-kernel verify (verify_tc_kernel, with the rule of tc_ok). */
 int g_split = 1;
 
-enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES };
+enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_HALF };
 
 /* The default, from the H200 measurements (tests/bench/results/kda_h200.md, HV = 32,
  * K = V = 128), by (row, head, 128-column) tiles: up to 64 (B <= 2), the CUDA-core kernels
  * for windows of up to 4 tokens and the one-pass verify for longer ones; up to 1023
- * (B < 32) the one-pass verify; from 1024 (B >= 32) the split verify (the one-pass one
- * without a work space). Each was the fastest measured there. */
+ * (B < 32) the one-pass verify; from 1024 (B >= 32) the split verify, 4 warps, with half of
+ * the state through shared memory (HALF; the one-pass verify without a work space). Each was
+ * the fastest measured there. */
 int verify_form(const kd_kda_args *a, int max_len) {
     if (g_split == 0) return FORM_ONE_KERNEL;
     if (g_split == 3) return FORM_ONE_PASS;
+    if (g_split == 5) return a->work ? FORM_SPLIT_HALF : FORM_ONE_PASS;
     if (g_split == 2 || g_split == 4) return a->work ? FORM_SPLIT : FORM_ONE_PASS;
     if (g_tc_warps) return a->work ? FORM_SPLIT : FORM_ONE_KERNEL; /* block shapes of the split verify */
     const long tiles = (long)a->n_rows * a->HV * ((a->V + 127) / 128);
@@ -1426,12 +1474,12 @@ cudaError_t launch_verify_tc(const kd_kda_args *a, cudaStream_t s) {
     return cudaGetLastError();
 }
 
-template <int K, int NW, int NT, int MINB>
+template <int K, int NW, int NT, int MINB, bool HALF = false>
 cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
     tc_prologue_kernel<K><<<dim3(a->HV, a->n_rows), K, 0, s>>>(*a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    const size_t sm = (size_t)tc_split_smem(K, NW, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    const size_t sm = (size_t)tc_split_smem(K, NW, NT, (a->Tw + 7) / 8 * 8, HALF) * sizeof(float);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((a->V + NW * 16 - 1) / (NW * 16), a->HV, a->n_rows);
     cfg.blockDim = dim3(NW * 32);
@@ -1442,11 +1490,11 @@ cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
     at[0].val.programmaticStreamSerializationAllowed = 1;
     if (g_split != 2) {
         cfg.attrs = at, cfg.numAttrs = 1;
-        auto f = verify_split_kernel<K, NW, NT, MINB, true>;
+        auto f = verify_split_kernel<K, NW, NT, MINB, true, HALF>;
         if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         return cudaLaunchKernelEx(&cfg, f, *a);
     }
-    auto f = verify_split_kernel<K, NW, NT, MINB, false>;
+    auto f = verify_split_kernel<K, NW, NT, MINB, false, HALF>;
     if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     return cudaLaunchKernelEx(&cfg, f, *a);
 }
@@ -1478,6 +1526,8 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a, max_len);
     if (form == FORM_ONE_PASS)
         return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
+    if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* the default from B = 32 */
+        return (int)(max_len > 4 ? launch_verify_split<K, 4, 2, 5, true>(a, s) : launch_verify_split<K, 4, 1, 6, true>(a, s));
     if (form == FORM_SPLIT) {
 #define KD_SPLIT(NW, MINB) \
     return (int)(max_len > 4 ? launch_verify_split<K, NW, 2, MINB>(a, s) : launch_verify_split<K, NW, 1, MINB>(a, s))

@@ -27,10 +27,13 @@
 // - split (B >= 32 at HV = 32): tc_prologue_kernel, one block per (row, head), writes the
 //   prologue to kd_kda_args.work (its warp sums of M and N reduce 16 values per 16 shuffles,
 //   the records go to shared memory: 64 registers, 8 blocks per SM; measured at B = 128 on an
-//   H200 it went from 41 to 16 us at T = 1); verify_split_kernel (4 warps, 64 value columns, 4 blocks
-//   per SM) is launched as its programmatic dependent: it issues the state, correction, v
-//   and beta loads, waits for the prologue grid, and is then load -> fold mma -> store ->
-//   window mma -> solve -> store.
+//   H200 it went from 41 to 16 us at T = 1); verify_split_kernel (4 warps, 64 value columns)
+//   is launched as its programmatic dependent: it issues the state, correction, v and beta
+//   loads, waits for the prologue grid, and is then load -> fold mma -> store -> window mma
+//   -> solve -> store. By default (HALF) only the first half of the key channels of its state
+//   tile loads into registers; the other half is copied into shared memory and taken after
+//   the first half is folded, stored and multiplied: 80 registers instead of 128, 6 blocks per
+//   SM instead of 4 (T <= 4; 5 at T <= 8), 0-8 % faster from B = 32 on an H200.
 // - one-pass (B < 32; also when no work space is given): verify_onepass_kernel, 8 warps
 //   per (row, head, 128 value columns), 2 blocks per SM. The state tile goes to shared
 //   memory by asynchronous copies while the block's two halves compute the prologue (the
@@ -129,7 +132,8 @@ void kd_kda_tensor_cores(int on, int warps);
 // Tests and benchmarks: the verify's form. 1 (the default): chosen by size (kda.cu,
 // verify_form); forced: 4 the split verify (a prologue kernel, then the tensor-core verify
 // as its programmatic dependent; needs a.work), 2 the same in plain stream order, 3 the
-// one-pass verify, 0 the one-kernel tensor-core verify.
+// one-pass verify, 5 the split verify with half the state staged in shared memory (the
+// default's split form), 0 the one-kernel tensor-core verify.
 void kd_kda_split(int mode);
 // Floats of kd_kda_args.work for n_rows rows.
 size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw);
