@@ -18,6 +18,58 @@ static int bad(char *msg, size_t len, int code, const char *fmt, ...) {
     return code;
 }
 
+static int get_varint(const uint8_t *b, size_t len, size_t *pos, uint64_t *v) {
+    uint64_t x = 0;
+    for (int s = 0; s < 64 && *pos < len; s += 7) {
+        const uint8_t c = b[(*pos)++];
+        x |= (uint64_t)(c & 0x7f) << s;
+        if (!(c & 0x80)) {
+            *v = x;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t len, int depth) {
+    size_t pos = 0;
+    while (pos < len) {
+        uint64_t key, n;
+        if (!get_varint(b, len, &pos, &key)) return 0;
+        switch (key & 7) {
+        case 0:
+            if (!get_varint(b, len, &pos, &n)) return 0;
+            break;
+        case 1:
+            if (len - pos < 8) return 0;
+            pos += 8;
+            break;
+        case 5:
+            if (len - pos < 4) return 0;
+            pos += 4;
+            break;
+        case 2: {
+            if (!get_varint(b, len, &pos, &n) || n > len - pos) return 0;
+            const uint64_t fn = key >> 3;
+            const ProtobufCFieldDescriptor *f =
+                fn <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)fn) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(b + pos, 0, (size_t)n)) return 1;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 32 &&
+                has_nul(f->descriptor, b + pos, (size_t)n, depth + 1))
+                return 1;
+            pos += (size_t)n;
+            break;
+        }
+        default: return 0; /* groups, invalid wire types: the decoder refuses them */
+        }
+    }
+    return 0;
+}
+
+int kd_api_string_has_nul(const void *descriptor, const uint8_t *buf, size_t len) {
+    return has_nul(descriptor, buf, len, 0);
+}
+
 int kd_api_valid_request_id(const char *id) {
     size_t n = strlen(id);
     if (n < 1 || n > KD_REQUEST_ID_MAX) return 0;
@@ -43,6 +95,8 @@ static int32_t *copy_ids(const int32_t *ids, size_t n) {
 int kd_api_parse_generate(const uint8_t *buf, size_t len, const kd_api_limits *lim, kd_generate_req *out,
                           char *msg, size_t msglen) {
     memset(out, 0, sizeof *out);
+    if (kd_api_string_has_nul(&kdecode__v1__generate_request__descriptor, buf, len))
+        return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "%s", KD_API_NUL_MSG);
     Kdecode__V1__GenerateRequest *m = kdecode__v1__generate_request__unpack(NULL, len, buf);
     if (!m) return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "cannot parse kdecode.v1.GenerateRequest");
     int rc = KD_STATUS_INVALID_ARGUMENT;
@@ -170,6 +224,8 @@ void kd_generate_req_free(kd_generate_req *r) {
 }
 
 int kd_api_parse_abort(const uint8_t *buf, size_t len, char id[KD_REQUEST_ID_MAX + 1], char *msg, size_t msglen) {
+    if (kd_api_string_has_nul(&kdecode__v1__abort_request__descriptor, buf, len))
+        return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "%s", KD_API_NUL_MSG);
     Kdecode__V1__AbortRequest *m = kdecode__v1__abort_request__unpack(NULL, len, buf);
     if (!m) return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "cannot parse kdecode.v1.AbortRequest");
     int rc = KD_STATUS_OK;

@@ -650,10 +650,11 @@ static void unary_done(void *obj, int ok) {
             break;
         }
         case U_NCCL: {
-            Kdecode__V1__NcclConnectRequest *q = kdecode__v1__nccl_connect_request__unpack(NULL, len, data);
+            const int nul = kd_api_string_has_nul(&kdecode__v1__nccl_connect_request__descriptor, data, len);
+            Kdecode__V1__NcclConnectRequest *q = nul ? NULL : kdecode__v1__nccl_connect_request__unpack(NULL, len, data);
             if (!q) {
                 code = GRPC_STATUS_INVALID_ARGUMENT;
-                snprintf(msg, sizeof msg, "cannot parse kdecode.v1.NcclConnectRequest");
+                snprintf(msg, sizeof msg, "%s", nul ? KD_API_NUL_MSG : "cannot parse kdecode.v1.NcclConnectRequest");
                 break;
             }
             if (atomic_load(&g_srv.state) != ST_SERVING) {
@@ -2116,13 +2117,15 @@ static void push_recv_done(void *obj, int ok) {
         return;
     }
     grpc_byte_buffer_destroy(bb);
+    const int nul = kd_api_string_has_nul(&kdecode__v1__push_state_request__descriptor, GRPC_SLICE_START_PTR(s),
+                                          GRPC_SLICE_LENGTH(s));
     Kdecode__V1__PushStateRequest *m =
-        kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+        nul ? NULL : kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
     int code = KD_STATUS_OK, answered = 0;
     if (!m) {
         code = KD_STATUS_INVALID_ARGUMENT;
-        snprintf(msg, sizeof msg, "cannot parse kdecode.v1.PushStateRequest");
+        snprintf(msg, sizeof msg, "%s", nul ? KD_API_NUL_MSG : "cannot parse kdecode.v1.PushStateRequest");
     } else if (!p->h) {
         if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER) {
             code = KD_STATUS_INVALID_ARGUMENT;
@@ -2591,6 +2594,8 @@ static void prefill_on_event(sink *k, const kd_event *ev) {
 }
 
 static int prefill_parse(prefill_call *p, const uint8_t *data, size_t len, char *msg, size_t msglen) {
+    if (kd_api_string_has_nul(&kdecode__v1__prefill_request__descriptor, data, len))
+        return snprintf(msg, msglen, "%s", KD_API_NUL_MSG), KD_STATUS_INVALID_ARGUMENT;
     Kdecode__V1__PrefillRequest *m = kdecode__v1__prefill_request__unpack(NULL, len, data);
     if (!m) return snprintf(msg, msglen, "cannot parse kdecode.v1.PrefillRequest"), KD_STATUS_INVALID_ARGUMENT;
     int code = KD_STATUS_INVALID_ARGUMENT;

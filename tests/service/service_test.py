@@ -729,6 +729,17 @@ class BadInputTest(ServiceCase):
         self.assert_status(gen_request([1, 2], 4, request_id="x" * 129), self.INVALID, in_details="request_id")
         self.assert_status(gen_request([1, 2], 4, request_id="has space"), self.INVALID, in_details="request_id")
 
+    def test_nul_in_a_string(self):
+        # protobuf-c decodes strings as C strings ("ab\0cd" would arrive as "ab"): refused
+        for rid in ("ab\x00cd", "\x00"):
+            with self.subTest(request_id=rid):
+                self.assert_status(gen_request([1, 2], 4, request_id=rid), self.INVALID, in_details="NUL")
+                self.assert_status(pb.GenerateRequest(handoff_id=rid, max_tokens=4), self.INVALID, in_details="NUL")
+                with self.assertRaises(grpc.RpcError) as cm:
+                    self.api.abort(pb.AbortRequest(request_id=rid), timeout=T(5))
+                self.assertEqual(cm.exception.code(), self.INVALID, cm.exception.details())
+                self.assertIn("NUL", cm.exception.details())
+
     def test_unknown_handoff(self):
         r = pb.GenerateRequest(handoff_id="no-such-handoff", max_tokens=4)
         self.assert_status(r, grpc.StatusCode.NOT_FOUND)
