@@ -694,10 +694,12 @@ static void unary_done(void *obj, int ok) {
             break;
         }
         case U_HEALTH: {
-            Grpc__Health__V1__HealthCheckRequest *q = grpc__health__v1__health_check_request__unpack(NULL, len, data);
+            const int nul = kd_api_string_has_nul(&grpc__health__v1__health_check_request__descriptor, data, len);
+            Grpc__Health__V1__HealthCheckRequest *q =
+                nul ? NULL : grpc__health__v1__health_check_request__unpack(NULL, len, data);
             if (!q) {
                 code = GRPC_STATUS_INVALID_ARGUMENT;
-                snprintf(msg, sizeof msg, "cannot parse grpc.health.v1.HealthCheckRequest");
+                snprintf(msg, sizeof msg, "%s", nul ? KD_API_NUL_MSG : "cannot parse grpc.health.v1.HealthCheckRequest");
                 break;
             }
             int st = health_status(q->service);
@@ -1346,14 +1348,18 @@ static void watch_recv_done(void *obj, int ok) {
     if (ok && w->recv_bb) {
         grpc_slice s;
         if (!read_bb(w->recv_bb, &s)) {
+            const int nul = kd_api_string_has_nul(&grpc__health__v1__health_check_request__descriptor,
+                                                  GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
             Grpc__Health__V1__HealthCheckRequest *q =
-                grpc__health__v1__health_check_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+                nul ? NULL
+                    : grpc__health__v1__health_check_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
             if (q) {
                 snprintf(w->service, sizeof w->service, "%s", q->service);
                 grpc__health__v1__health_check_request__free_unpacked(q, NULL);
                 watch_send_locked(w);
             } else {
-                grpc_call_cancel_with_status(w->call, GRPC_STATUS_INVALID_ARGUMENT, "cannot parse HealthCheckRequest", NULL);
+                grpc_call_cancel_with_status(w->call, GRPC_STATUS_INVALID_ARGUMENT,
+                                             nul ? KD_API_NUL_MSG : "cannot parse HealthCheckRequest", NULL);
             }
             grpc_slice_unref(s);
         }
@@ -1426,8 +1432,9 @@ static int collect_files(int f, int *out, int n) {
 }
 
 static grpc_byte_buffer *refl_answer(const uint8_t *data, size_t len) {
+    const int nul = kd_api_string_has_nul(&grpc__reflection__v1__server_reflection_request__descriptor, data, len);
     Grpc__Reflection__V1__ServerReflectionRequest *q =
-        grpc__reflection__v1__server_reflection_request__unpack(NULL, len, data);
+        nul ? NULL : grpc__reflection__v1__server_reflection_request__unpack(NULL, len, data);
     Grpc__Reflection__V1__ServerReflectionResponse r = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
     Grpc__Reflection__V1__ListServiceResponse ls = GRPC__REFLECTION__V1__LIST_SERVICE_RESPONSE__INIT;
     Grpc__Reflection__V1__ServiceResponse svc[16], *svcp[16];
@@ -1437,7 +1444,7 @@ static grpc_byte_buffer *refl_answer(const uint8_t *data, size_t len) {
     int idx[16];
     if (!q) {
         er.error_code = GRPC_STATUS_INVALID_ARGUMENT;
-        er.error_message = "cannot parse ServerReflectionRequest";
+        er.error_message = nul ? KD_API_NUL_MSG : "cannot parse ServerReflectionRequest";
         r.message_response_case = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
         r.error_response = &er;
         return pack_bb(&r.base);

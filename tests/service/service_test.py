@@ -569,6 +569,17 @@ class HealthTest(ServiceCase):
             self.check("no.such.Service")
         self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND, cm.exception.details())
 
+    def test_nul_in_the_service_name(self):
+        # "kdecode.v1.Decoder\0x" must not be answered as "kdecode.v1.Decoder"
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.check("kdecode.v1.Decoder\x00x")
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, cm.exception.details())
+        self.assertIn("NUL", cm.exception.details())
+        call = self.api.watch(health_pb2.HealthCheckRequest(service="kdecode.v1.Decoder\x00x"), timeout=T(10))
+        with self.assertRaises(grpc.RpcError) as cm:
+            next(call)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, cm.exception.details())
+
     def test_watch_reports_current_status(self):
         call = self.api.watch(health_pb2.HealthCheckRequest(service="kdecode.v1.Decoder"), timeout=T(10))
         self.assertEqual(next(call).status, SERVING)
@@ -663,6 +674,18 @@ class ReflectionTest(ServiceCase):
                 self.assertEqual(out[0].WhichOneof("message_response"), "error_response", out[0])
                 self.assertEqual(out[0].error_response.error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
                 self.assertEqual(out[1].WhichOneof("message_response"), "list_services_response", out[1])
+
+    def test_nul_in_a_symbol(self):
+        for v in ("v1", "v1alpha"):
+            with self.subTest(version=v):
+                mod, _ = self.api.reflection[v]
+                raw = self.api.channel.stream_stream(f"/grpc.reflection.{v}.ServerReflection/ServerReflectionInfo")
+                bad = mod.ServerReflectionRequest(file_containing_symbol="kdecode.v1.Decoder\x00x").SerializeToString()
+                out = [mod.ServerReflectionResponse.FromString(b) for b in raw(iter([bad]), timeout=T(10))]
+                self.assertEqual(len(out), 1, out)
+                self.assertEqual(out[0].WhichOneof("message_response"), "error_response", out[0])
+                self.assertEqual(out[0].error_response.error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+                self.assertIn("NUL", out[0].error_response.error_message)
 
     def test_several_requests_on_one_stream(self):
         for v in ("v1", "v1alpha"):
