@@ -678,14 +678,10 @@ class ReflectionTest(ServiceCase):
     def test_nul_in_a_symbol(self):
         for v in ("v1", "v1alpha"):
             with self.subTest(version=v):
-                mod, _ = self.api.reflection[v]
-                raw = self.api.channel.stream_stream(f"/grpc.reflection.{v}.ServerReflection/ServerReflectionInfo")
-                bad = mod.ServerReflectionRequest(file_containing_symbol="kdecode.v1.Decoder\x00x").SerializeToString()
-                out = [mod.ServerReflectionResponse.FromString(b) for b in raw(iter([bad]), timeout=T(10))]
-                self.assertEqual(len(out), 1, out)
-                self.assertEqual(out[0].WhichOneof("message_response"), "error_response", out[0])
-                self.assertEqual(out[0].error_response.error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
-                self.assertIn("NUL", out[0].error_response.error_message)
+                _, (r,) = self.ask(v, {"file_containing_symbol": "kdecode.v1.Decoder\x00x"})
+                self.assertEqual(r.WhichOneof("message_response"), "error_response", r)
+                self.assertEqual(r.error_response.error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0], r)
+                self.assertIn("NUL", r.error_response.error_message)
 
     def test_several_requests_on_one_stream(self):
         for v in ("v1", "v1alpha"):
