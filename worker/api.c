@@ -31,7 +31,8 @@ static int get_varint(const uint8_t *b, size_t len, size_t *pos, uint64_t *v) {
     return 0;
 }
 
-static int has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t len, int depth) {
+static int has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t len, int depth,
+                   const ProtobufCMessageDescriptor **md, const ProtobufCFieldDescriptor **fd) {
     size_t pos = 0;
     while (pos < len) {
         uint64_t key, n;
@@ -53,9 +54,12 @@ static int has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t
             const uint64_t fn = key >> 3;
             const ProtobufCFieldDescriptor *f =
                 fn <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)fn) : NULL;
-            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(b + pos, 0, (size_t)n)) return 1;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(b + pos, 0, (size_t)n)) {
+                *md = d, *fd = f;
+                return 1;
+            }
             if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 32 &&
-                has_nul(f->descriptor, b + pos, (size_t)n, depth + 1))
+                has_nul(f->descriptor, b + pos, (size_t)n, depth + 1, md, fd))
                 return 1;
             pos += (size_t)n;
             break;
@@ -66,8 +70,12 @@ static int has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t
     return 0;
 }
 
-int kd_api_string_has_nul(const void *descriptor, const uint8_t *buf, size_t len) {
-    return has_nul(descriptor, buf, len, 0);
+int kd_api_string_has_nul(const void *descriptor, const uint8_t *buf, size_t len, char *msg, size_t msglen) {
+    const ProtobufCMessageDescriptor *md = NULL;
+    const ProtobufCFieldDescriptor *fd = NULL;
+    if (!has_nul(descriptor, buf, len, 0, &md, &fd)) return 0;
+    if (msg && msglen) snprintf(msg, msglen, "%s.%s holds a NUL byte", md->name, fd->name);
+    return 1;
 }
 
 int kd_api_valid_request_id(const char *id) {
@@ -95,8 +103,8 @@ static int32_t *copy_ids(const int32_t *ids, size_t n) {
 int kd_api_parse_generate(const uint8_t *buf, size_t len, const kd_api_limits *lim, kd_generate_req *out,
                           char *msg, size_t msglen) {
     memset(out, 0, sizeof *out);
-    if (kd_api_string_has_nul(&kdecode__v1__generate_request__descriptor, buf, len))
-        return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "%s", KD_API_NUL_MSG);
+    if (kd_api_string_has_nul(&kdecode__v1__generate_request__descriptor, buf, len, msg, msglen))
+        return KD_STATUS_INVALID_ARGUMENT;
     Kdecode__V1__GenerateRequest *m = kdecode__v1__generate_request__unpack(NULL, len, buf);
     if (!m) return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "cannot parse kdecode.v1.GenerateRequest");
     int rc = KD_STATUS_INVALID_ARGUMENT;
@@ -224,8 +232,8 @@ void kd_generate_req_free(kd_generate_req *r) {
 }
 
 int kd_api_parse_abort(const uint8_t *buf, size_t len, char id[KD_REQUEST_ID_MAX + 1], char *msg, size_t msglen) {
-    if (kd_api_string_has_nul(&kdecode__v1__abort_request__descriptor, buf, len))
-        return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "%s", KD_API_NUL_MSG);
+    if (kd_api_string_has_nul(&kdecode__v1__abort_request__descriptor, buf, len, msg, msglen))
+        return KD_STATUS_INVALID_ARGUMENT;
     Kdecode__V1__AbortRequest *m = kdecode__v1__abort_request__unpack(NULL, len, buf);
     if (!m) return bad(msg, msglen, KD_STATUS_INVALID_ARGUMENT, "cannot parse kdecode.v1.AbortRequest");
     int rc = KD_STATUS_OK;

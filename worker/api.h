@@ -59,11 +59,11 @@ int kd_api_parse_abort(const uint8_t *buf, size_t len, char id[KD_REQUEST_ID_MAX
 
 /* A request id is 1..128 bytes of printable ASCII. */
 int kd_api_valid_request_id(const char *id);
-/* 1 when a string field of the message (at any depth) holds a NUL byte. protobuf-c decodes
- * strings as C strings, so an id "ab\0cd" would arrive as "ab": such requests are refused
- * (INVALID_ARGUMENT, KD_API_NUL_MSG) before they are decoded. descriptor: the message's
- * ProtobufCMessageDescriptor; buf: its wire form (anything malformed is left to the decoder). */
-int kd_api_string_has_nul(const void *descriptor, const uint8_t *buf, size_t len);
-#define KD_API_NUL_MSG "a string field holds a NUL byte"
+/* 1 when a string field of the message (at any depth) holds a NUL byte, with "<message>.<field>
+ * holds a NUL byte" in msg (msglen bytes; NULL: no message). protobuf-c decodes strings as C
+ * strings, so an id "ab\0cd" would arrive as "ab": such requests are refused (INVALID_ARGUMENT)
+ * before they are decoded. descriptor: the message's ProtobufCMessageDescriptor; buf: its wire
+ * form (anything malformed is left to the decoder). */
+int kd_api_string_has_nul(const void *descriptor, const uint8_t *buf, size_t len, char *msg, size_t msglen);
 
 #endif

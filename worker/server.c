@@ -650,11 +650,12 @@ static void unary_done(void *obj, int ok) {
             break;
         }
         case U_NCCL: {
-            const int nul = kd_api_string_has_nul(&kdecode__v1__nccl_connect_request__descriptor, data, len);
+            const int nul =
+                kd_api_string_has_nul(&kdecode__v1__nccl_connect_request__descriptor, data, len, msg, sizeof msg);
             Kdecode__V1__NcclConnectRequest *q = nul ? NULL : kdecode__v1__nccl_connect_request__unpack(NULL, len, data);
             if (!q) {
                 code = GRPC_STATUS_INVALID_ARGUMENT;
-                snprintf(msg, sizeof msg, "%s", nul ? KD_API_NUL_MSG : "cannot parse kdecode.v1.NcclConnectRequest");
+                if (!nul) snprintf(msg, sizeof msg, "cannot parse kdecode.v1.NcclConnectRequest");
                 break;
             }
             if (atomic_load(&g_srv.state) != ST_SERVING) {
@@ -694,12 +695,13 @@ static void unary_done(void *obj, int ok) {
             break;
         }
         case U_HEALTH: {
-            const int nul = kd_api_string_has_nul(&grpc__health__v1__health_check_request__descriptor, data, len);
+            const int nul =
+                kd_api_string_has_nul(&grpc__health__v1__health_check_request__descriptor, data, len, msg, sizeof msg);
             Grpc__Health__V1__HealthCheckRequest *q =
                 nul ? NULL : grpc__health__v1__health_check_request__unpack(NULL, len, data);
             if (!q) {
                 code = GRPC_STATUS_INVALID_ARGUMENT;
-                snprintf(msg, sizeof msg, "%s", nul ? KD_API_NUL_MSG : "cannot parse grpc.health.v1.HealthCheckRequest");
+                if (!nul) snprintf(msg, sizeof msg, "cannot parse grpc.health.v1.HealthCheckRequest");
                 break;
             }
             int st = health_status(q->service);
@@ -1348,8 +1350,9 @@ static void watch_recv_done(void *obj, int ok) {
     if (ok && w->recv_bb) {
         grpc_slice s;
         if (!read_bb(w->recv_bb, &s)) {
+            char why[160] = "cannot parse HealthCheckRequest";
             const int nul = kd_api_string_has_nul(&grpc__health__v1__health_check_request__descriptor,
-                                                  GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+                                                  GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), why, sizeof why);
             Grpc__Health__V1__HealthCheckRequest *q =
                 nul ? NULL
                     : grpc__health__v1__health_check_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
@@ -1358,8 +1361,7 @@ static void watch_recv_done(void *obj, int ok) {
                 grpc__health__v1__health_check_request__free_unpacked(q, NULL);
                 watch_send_locked(w);
             } else {
-                grpc_call_cancel_with_status(w->call, GRPC_STATUS_INVALID_ARGUMENT,
-                                             nul ? KD_API_NUL_MSG : "cannot parse HealthCheckRequest", NULL);
+                grpc_call_cancel_with_status(w->call, GRPC_STATUS_INVALID_ARGUMENT, why, NULL);
             }
             grpc_slice_unref(s);
         }
@@ -1432,7 +1434,9 @@ static int collect_files(int f, int *out, int n) {
 }
 
 static grpc_byte_buffer *refl_answer(const uint8_t *data, size_t len) {
-    const int nul = kd_api_string_has_nul(&grpc__reflection__v1__server_reflection_request__descriptor, data, len);
+    char why[160] = "cannot parse ServerReflectionRequest";
+    const int nul =
+        kd_api_string_has_nul(&grpc__reflection__v1__server_reflection_request__descriptor, data, len, why, sizeof why);
     Grpc__Reflection__V1__ServerReflectionRequest *q =
         nul ? NULL : grpc__reflection__v1__server_reflection_request__unpack(NULL, len, data);
     Grpc__Reflection__V1__ServerReflectionResponse r = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
@@ -1444,7 +1448,7 @@ static grpc_byte_buffer *refl_answer(const uint8_t *data, size_t len) {
     int idx[16];
     if (!q) {
         er.error_code = GRPC_STATUS_INVALID_ARGUMENT;
-        er.error_message = nul ? KD_API_NUL_MSG : "cannot parse ServerReflectionRequest";
+        er.error_message = why;
         r.message_response_case = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
         r.error_response = &er;
         return pack_bb(&r.base);
@@ -2125,14 +2129,14 @@ static void push_recv_done(void *obj, int ok) {
     }
     grpc_byte_buffer_destroy(bb);
     const int nul = kd_api_string_has_nul(&kdecode__v1__push_state_request__descriptor, GRPC_SLICE_START_PTR(s),
-                                          GRPC_SLICE_LENGTH(s));
+                                          GRPC_SLICE_LENGTH(s), msg, sizeof msg);
     Kdecode__V1__PushStateRequest *m =
         nul ? NULL : kdecode__v1__push_state_request__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
     int code = KD_STATUS_OK, answered = 0;
     if (!m) {
         code = KD_STATUS_INVALID_ARGUMENT;
-        snprintf(msg, sizeof msg, "%s", nul ? KD_API_NUL_MSG : "cannot parse kdecode.v1.PushStateRequest");
+        if (!nul) snprintf(msg, sizeof msg, "cannot parse kdecode.v1.PushStateRequest");
     } else if (!p->h) {
         if (m->msg_case != KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER) {
             code = KD_STATUS_INVALID_ARGUMENT;
@@ -2601,8 +2605,8 @@ static void prefill_on_event(sink *k, const kd_event *ev) {
 }
 
 static int prefill_parse(prefill_call *p, const uint8_t *data, size_t len, char *msg, size_t msglen) {
-    if (kd_api_string_has_nul(&kdecode__v1__prefill_request__descriptor, data, len))
-        return snprintf(msg, msglen, "%s", KD_API_NUL_MSG), KD_STATUS_INVALID_ARGUMENT;
+    if (kd_api_string_has_nul(&kdecode__v1__prefill_request__descriptor, data, len, msg, msglen))
+        return KD_STATUS_INVALID_ARGUMENT;
     Kdecode__V1__PrefillRequest *m = kdecode__v1__prefill_request__unpack(NULL, len, data);
     if (!m) return snprintf(msg, msglen, "cannot parse kdecode.v1.PrefillRequest"), KD_STATUS_INVALID_ARGUMENT;
     int code = KD_STATUS_INVALID_ARGUMENT;

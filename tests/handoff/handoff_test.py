@@ -961,17 +961,18 @@ class FaultTest(unittest.TestCase):
         rid = self.new_id("nul")
         self.assert_refused([header_msg(with_id(self.header, rid + "\x00tail"))] +
                             [chunk_msg(c) for c in self.chunks[:2]], SC.INVALID_ARGUMENT,
-                            "a request id with a NUL byte", "NUL")
+                            "a request id with a NUL byte", r"HandoffHeader\.request_id holds a NUL byte")
         self.assert_unclaimable(rid, "a request id cut at its NUL byte")
         h = with_id(self.header, rid)
         h.layout.sections[0].name += "\x00x"  # three messages deep
-        self.assert_refused([header_msg(h)], SC.INVALID_ARGUMENT, "a section name with a NUL byte", "NUL")
+        self.assert_refused([header_msg(h)], SC.INVALID_ARGUMENT, "a section name with a NUL byte",
+                            r"StateSection\.name holds a NUL byte")
         self.assert_unclaimable(rid, "a header with a NUL byte in a section name")
         with self.assertRaises(grpc.RpcError) as cm:
             self.P.prefill_call(pb.PrefillRequest(request_id=rid + "\x00tail", prompt_token_ids=self.prompt,
                                                   decode_target=self.D.target), timeout=T(30))
         self.assertEqual(cm.exception.code(), SC.INVALID_ARGUMENT, cm.exception.details())
-        self.assertIn("NUL", cm.exception.details())
+        self.assertIn("PrefillRequest.request_id holds a NUL byte", cm.exception.details())
         self.assert_unclaimable(rid, "a Prefill whose request id holds a NUL byte")
         self.assert_served(what="NUL bytes in strings")
 

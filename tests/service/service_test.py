@@ -574,7 +574,7 @@ class HealthTest(ServiceCase):
         with self.assertRaises(grpc.RpcError) as cm:
             self.check("kdecode.v1.Decoder\x00x")
         self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, cm.exception.details())
-        self.assertIn("NUL", cm.exception.details())
+        self.assertIn("HealthCheckRequest.service holds a NUL byte", cm.exception.details())
         call = self.api.watch(health_pb2.HealthCheckRequest(service="kdecode.v1.Decoder\x00x"), timeout=T(10))
         with self.assertRaises(grpc.RpcError) as cm:
             next(call)
@@ -681,7 +681,7 @@ class ReflectionTest(ServiceCase):
                 _, (r,) = self.ask(v, {"file_containing_symbol": "kdecode.v1.Decoder\x00x"})
                 self.assertEqual(r.WhichOneof("message_response"), "error_response", r)
                 self.assertEqual(r.error_response.error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0], r)
-                self.assertIn("NUL", r.error_response.error_message)
+                self.assertIn("file_containing_symbol holds a NUL byte", r.error_response.error_message)
 
     def test_several_requests_on_one_stream(self):
         for v in ("v1", "v1alpha"):
@@ -752,12 +752,14 @@ class BadInputTest(ServiceCase):
         # protobuf-c decodes strings as C strings ("ab\0cd" would arrive as "ab"): refused
         for rid in ("ab\x00cd", "\x00"):
             with self.subTest(request_id=rid):
-                self.assert_status(gen_request([1, 2], 4, request_id=rid), self.INVALID, in_details="NUL")
-                self.assert_status(pb.GenerateRequest(handoff_id=rid, max_tokens=4), self.INVALID, in_details="NUL")
+                self.assert_status(gen_request([1, 2], 4, request_id=rid), self.INVALID,
+                                   in_details="GenerateRequest.request_id holds a NUL byte")
+                self.assert_status(pb.GenerateRequest(handoff_id=rid, max_tokens=4), self.INVALID,
+                                   in_details="GenerateRequest.handoff_id holds a NUL byte")
                 with self.assertRaises(grpc.RpcError) as cm:
                     self.api.abort(pb.AbortRequest(request_id=rid), timeout=T(5))
                 self.assertEqual(cm.exception.code(), self.INVALID, cm.exception.details())
-                self.assertIn("NUL", cm.exception.details())
+                self.assertIn("AbortRequest.request_id holds a NUL byte", cm.exception.details())
 
     def test_unknown_handoff(self):
         r = pb.GenerateRequest(handoff_id="no-such-handoff", max_tokens=4)
