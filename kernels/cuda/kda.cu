@@ -15,6 +15,20 @@ __device__ __forceinline__ size_t kda_sstride(const kd_kda_args &a) {
 
 constexpr int kThreads = 128;
 
+// Asynchronous copies global -> shared (all of a block's staging in flight at once, with
+// the state's loads; no registers held): 16 bytes when both ends allow it, else 4.
+__device__ __forceinline__ void cp_async4(float *dst, const float *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) {
     return x > 20.f ? x : (x < -20.f ? expf(x) : log1pf(expf(x)));
@@ -118,6 +132,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     const int T = row.len, F = row.fold;
     float *wq = smem, *wk = wq + T * KP, *wd = wk + T * KP, *fk = wd + T * KP, *fd = fk + Tw * KP;
     float *sv = fd + Tw * KP, *su = sv + T * CB, *sb = su + Tw * CB; // v [T][CB], u [F][CB], beta [T]
+    float *sdt = sb + 16;                                             // dt_bias [K] (folds)
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
     // the state first: its loads are in flight while the block stages the rest
     float *S = a.state + slot * kda_sstride(a) + h * hkv;
@@ -125,29 +140,111 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     if (STORE_ALL && F > 0) src = a.stored + ((slot * Tw + (F - 1)) * a.HV + h) * hkv;
     float st[KR][NC];
     load_tile<KR, NC>(st, src, r0, j, V, live);
-    for (int i = threadIdx.x; i < T * K; i += kThreads) {
-        const int t = i / K, c = i % K, pi = pidx<KR, R>(t, c);
-        const size_t n = (size_t)row.start + t;
-        wq[pi] = a.qn[(n * a.H + hk) * K + c];
-        wk[pi] = a.kn[(n * a.H + hk) * K + c];
-        wd[pi] = a.decay[(n * a.HV + h) * K + c];
-    }
-    for (int i = threadIdx.x; i < T * CB; i += kThreads) {
-        const int t = i / CB, jj = blockIdx.x * CB + i % CB;
-        sv[i] = jj < V ? a.v[(((size_t)row.start + t) * a.HV + h) * V + jj] : 0.f;
-    }
-    if (threadIdx.x < T) sb[threadIdx.x] = a.beta[((size_t)row.start + threadIdx.x) * a.HV + h];
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
     float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
-    if (!STORE_ALL && F > 0) {
-        for (int i = threadIdx.x; i < F * CB; i += kThreads) {
-            const int t = i / CB, jj = blockIdx.x * CB + i % CB;
-            su[i] = jj < V ? a.rec_u[((slot * Tw + t) * a.HV + h) * V + jj] : 0.f;
-        }
-        fold_prologue<KR, R>(a, kg_old, h, 0, F, fk, fd);
+    const bool fold = !STORE_ALL && F > 0, rec = !STORE_ALL && blockIdx.x == 0;
+    // Staging by asynchronous copies: every load in flight at once with the state's, no
+    // registers held, little address arithmetic (16 bytes a copy when the arrays allow it; at
+    // B = 1 the staging's waits and index arithmetic, not the state's arithmetic, were the
+    // time). Group A is what earlier steps and kernels wrote (v, the records, dt_bias): it is
+    // issued, with the state's loads, before pdl_wait, so under a programmatic launch it
+    // overlaps the kernel before (kd_kda_prepare, which writes only qn, kn, decay and beta);
+    // group B (those four) comes after the wait, and lands while the block folds.
+    const int tid = threadIdx.x;
+    constexpr int K4 = K / 4;
+    for (int i = tid; i < T * CB; i += kThreads) {
+        const int t = i / CB, jj = blockIdx.x * CB + i % CB;
+        if (jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + jj);
+        else sv[i] = 0.f;
     }
-    __syncthreads();
-    if (!STORE_ALL && F > 0) {
+    if (fold) {
+        for (int i = tid; i < F * CB; i += kThreads) {
+            const int t = i / CB, jj = blockIdx.x * CB + i % CB;
+            if (jj < V) cp_async4(su + i, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + jj);
+            else su[i] = 0.f;
+        }
+        // the fold records: raw key into fk, raw gate into fd (finished below)
+        const bool alr = ((uintptr_t)kg_old & 15) == 0;
+        for (int i = tid; i < F * 2 * K4; i += kThreads) {
+            const int t = i / (2 * K4), c = i % (2 * K4) * 4;
+            float *dst = c < K ? fk + pidx<KR, R>(t, c) : fd + pidx<KR, R>(t, c - K);
+            const float *src = kg_old + ((size_t)t * a.HV + h) * 2 * K + c;
+            if (alr) {
+                cp_async16(dst, src);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) cp_async4(dst + e, src + e);
+            }
+        }
+        if (tid < K) cp_async4(sdt + tid, a.dt_bias + h * K + tid);
+    }
+    cp_async_commit();
+    if (rec) { // the raw key and gate of the window: the next step's fold records (loads first)
+        const bool al4 = (((uintptr_t)a.kraw | (uintptr_t)a.graw | (uintptr_t)kg_new) & 15) == 0;
+        auto src = [&](int i) { // element i of [T][2K]
+            const int t = i / (2 * K), c = i % (2 * K);
+            const size_t n = (size_t)row.start + t;
+            return c < K ? a.kraw + (n * a.H + hk) * K + c : a.graw + (n * a.HV + h) * K + c - K;
+        };
+        auto dst = [&](int i) { return kg_new + ((size_t)(i / (2 * K)) * a.HV + h) * 2 * K + i % (2 * K); };
+        constexpr int UN = 4;
+        if (al4) {
+            for (int i0 = tid; i0 < T * 2 * K4; i0 += UN * kThreads) {
+                float4 x[UN];
+#pragma unroll
+                for (int u = 0; u < UN; u++)
+                    if (i0 + u * kThreads < T * 2 * K4) x[u] = *(const float4 *)src(4 * (i0 + u * kThreads));
+#pragma unroll
+                for (int u = 0; u < UN; u++)
+                    if (i0 + u * kThreads < T * 2 * K4) *(float4 *)dst(4 * (i0 + u * kThreads)) = x[u];
+            }
+        } else {
+            for (int i0 = tid; i0 < T * 2 * K; i0 += UN * kThreads) {
+                float x[UN];
+#pragma unroll
+                for (int u = 0; u < UN; u++)
+                    if (i0 + u * kThreads < T * 2 * K) x[u] = *src(i0 + u * kThreads);
+#pragma unroll
+                for (int u = 0; u < UN; u++)
+                    if (i0 + u * kThreads < T * 2 * K) *dst(i0 + u * kThreads) = x[u];
+            }
+        }
+    }
+    pdl_wait(); // the kernel before has finished (a no-op without a programmatic launch)
+    const bool al = (((uintptr_t)a.qn | (uintptr_t)a.kn | (uintptr_t)a.decay) & 15) == 0;
+    for (int i = tid; i < T * K4; i += kThreads) {
+        const int t = i / K4, c = i % K4 * 4, pi = pidx<KR, R>(t, c);
+        const size_t n = (size_t)row.start + t;
+        const float *q = a.qn + (n * a.H + hk) * K + c, *k = a.kn + (n * a.H + hk) * K + c;
+        const float *d = a.decay + (n * a.HV + h) * K + c;
+        if (al) {
+            cp_async16(wq + pi, q), cp_async16(wk + pi, k), cp_async16(wd + pi, d);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) cp_async4(wq + pi + e, q + e), cp_async4(wk + pi + e, k + e), cp_async4(wd + pi + e, d + e);
+        }
+    }
+    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    cp_async_commit();
+    if (fold) {
+        cp_async_wait1(); // group A
+        __syncthreads();
+        // the fold records' keys L2-normalised and their decays, in place (a warp per token)
+        const float A = expf(a.A_log[h]);
+        const int warp = tid / 32, lane = tid % 32;
+        for (int t = warp; t < F; t += kThreads / 32) {
+            float ss = 0.f;
+            for (int c = lane; c < K; c += 32) ss += fk[pidx<KR, R>(t, c)] * fk[pidx<KR, R>(t, c)];
+#pragma unroll
+            for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+            const float inv = rsqrtf(ss + 1e-6f);
+            for (int c = lane; c < K; c += 32) {
+                const int pi = pidx<KR, R>(t, c);
+                fk[pi] *= inv;
+                fd[pi] = expf(gatef_(fd[pi] + sdt[c], A, a.use_lower_bound, a.lower_bound));
+            }
+        }
+        __syncthreads();
         for (int t = 0; t < F; t++) {
             float u[NC];
 #pragma unroll
@@ -156,14 +253,20 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
         }
         if (live) store_tile<KR, NC>(st, S, r0, j, V); // the folded checkpoint, written once
     }
-    // the window, from registers
+    cp_async_wait(); // group B
+    __syncthreads();
+    // the window, from registers; with one column a lane, its K-row sums run as P independent
+    // chains (the serial FMA latency of KR rows was a third of a B = 1 step)
+    constexpr int P = NC == 1 ? 4 : 1;
     for (int t = 0; t < T; t++) {
         const size_t n = (size_t)row.start + t;
         const float4 *d4 = (const float4 *)(wd + t * KP + c0), *k4 = (const float4 *)(wk + t * KP + c0);
         const float4 *q4 = (const float4 *)(wq + t * KP + c0);
-        float ks[NC], os[NC], u[NC];
+        float ks[P][NC], os[P][NC], u[NC];
 #pragma unroll
-        for (int m = 0; m < NC; m++) ks[m] = 0.f, os[m] = 0.f;
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int m = 0; m < NC; m++) ks[p][m] = 0.f, os[p][m] = 0.f;
 #pragma unroll
         for (int i4 = 0; i4 < KR / 4; i4++) {
             const float4 d = d4[i4], kk = k4[i4];
@@ -173,11 +276,15 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
 #pragma unroll
                 for (int m = 0; m < NC; m++) {
                     st[4 * i4 + e][m] *= dd[e];
-                    ks[m] += st[4 * i4 + e][m] * kv[e];
+                    ks[e % P][m] += st[4 * i4 + e][m] * kv[e];
                 }
         }
 #pragma unroll
-        for (int m = 0; m < NC; m++) u[m] = sb[t] * (sv[t * CB + jl + m] - group_sum<R>(ks[m]));
+        for (int m = 0; m < NC; m++) {
+#pragma unroll
+            for (int p = 1; p < P; p++) ks[0][m] += ks[p][m];
+            u[m] = sb[t] * (sv[t * CB + jl + m] - group_sum<R>(ks[0][m]));
+        }
 #pragma unroll
         for (int i4 = 0; i4 < KR / 4; i4++) {
             const float4 kk = k4[i4], q = q4[i4];
@@ -187,29 +294,25 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
 #pragma unroll
                 for (int m = 0; m < NC; m++) {
                     st[4 * i4 + e][m] += kv[e] * u[m];
-                    os[m] += st[4 * i4 + e][m] * qv[e];
+                    os[e % P][m] += st[4 * i4 + e][m] * qv[e];
                 }
         }
 #pragma unroll
-        for (int m = 0; m < NC; m++) os[m] = group_sum<R>(os[m]);
+        for (int m = 0; m < NC; m++) {
+#pragma unroll
+            for (int p = 1; p < P; p++) os[0][m] += os[p][m];
+        }
+        float o1[NC];
+#pragma unroll
+        for (int m = 0; m < NC; m++) o1[m] = group_sum<R>(os[0][m]);
         if (live && part == 0) {
 #pragma unroll
             for (int m = 0; m < NC; m++) {
-                a.o[(n * a.HV + h) * V + j + m] = os[m];
+                a.o[(n * a.HV + h) * V + j + m] = o1[m];
                 if (!STORE_ALL) a.rec_u[((slot * Tw + t) * a.HV + h) * V + j + m] = u[m];
             }
         }
         if (STORE_ALL && live) store_tile<KR, NC>(st, a.stored + ((slot * Tw + t) * a.HV + h) * hkv, r0, j, V);
-    }
-    // the raw key and gate of the window: one block per head writes them
-    if (!STORE_ALL && blockIdx.x == 0) {
-        for (int i = threadIdx.x; i < T * K; i += kThreads) {
-            const int t = i / K, c = i % K;
-            const size_t n = (size_t)row.start + t;
-            float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-            r[c] = a.kraw[(n * a.H + hk) * K + c];
-            r[K + c] = a.graw[(n * a.HV + h) * K + c];
-        }
     }
 }
 
@@ -544,17 +647,6 @@ __device__ __forceinline__ void tc_store(const float (&s)[KT][4], float *S, int 
     }
 }
 
-// Asynchronous copies global -> shared (all of a block's staging in flight at once, with
-// the state's loads; no registers held): 16 bytes when both ends allow it, else 4.
-__device__ __forceinline__ void cp_async4(float *dst, const float *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 // n floats, dst 16-byte aligned
 __device__ __forceinline__ void fetch(float *dst, const float *src, int n) {
     if ((((uintptr_t)src) & 15) == 0 && (n & 3) == 0)
@@ -969,8 +1061,6 @@ __global__ void __launch_bounds__(NW * 32) commit_tc_kernel(const kd_kda_args a)
 // b_t o k_t, rows T + t: b_t o q_t), M [8][8], N [8][8].
 __host__ __device__ constexpr size_t tc_work_floats(int K, int FR) { return (size_t)(FR + 1 + 16) * K + 128; }
 
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // Warp sums of 16 values at once in 16 shuffles (instead of 5 per value): each step keeps
 // half of the values and adds the partner lane's copy of that half. Afterwards lane l holds
@@ -1382,19 +1472,34 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
  * default until that prologue moves into kd_kda_prepare. */
 int g_closed_form;
 
+/* The CUDA-core verify is launched as a programmatic dependent of the kernel before it
+ * (kd_kda_pdl(0): plain stream order): its blocks start while that kernel finishes and load
+ * everything it cannot have written (see verify_kernel). The contract: the kernel right
+ * before kd_kda_verify in the stream writes none of the state, records, v, kraw, graw or
+ * gate parameters (the backend's is kd_kda_prepare). */
+int g_pdl = 1;
+
+template <typename F>
+cudaError_t launch_pdl(F f, dim3 grid, size_t sm, cudaStream_t s, const kd_kda_args *a) {
+    if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = sm, cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (g_pdl) cfg.attrs = at, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, f, *a);
+}
+
 template <int KR, int R, int NC>
 cudaError_t launch_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s) {
     constexpr int K = KR * R, CB = kThreads / R * NC;
     dim3 grid((a->V + CB - 1) / CB, a->HV, a->n_rows);
-    const size_t sm = ((size_t)(3 * max_len + 2 * a->Tw) * (K + 4 * R) + (size_t)(max_len + a->Tw) * CB + 16) * sizeof(float);
+    const size_t sm = ((size_t)(3 * max_len + 2 * a->Tw) * (K + 4 * R) + (size_t)(max_len + a->Tw) * CB + 16 + K) * sizeof(float);
     if (mode == KD_KDA_STORE_ALL) {
-        auto f = verify_kernel<KR, R, NC, true>;
-        if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        f<<<grid, kThreads, sm, s>>>(*a);
+        return launch_pdl(verify_kernel<KR, R, NC, true>, grid, sm, s, a);
     } else if (!g_closed_form) {
-        auto f = verify_kernel<KR, R, NC, false>;
-        if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        f<<<grid, kThreads, sm, s>>>(*a);
+        return launch_pdl(verify_kernel<KR, R, NC, false>, grid, sm, s, a);
     } else {
         const size_t smw = ((size_t)(5 * max_len + 3 * a->Tw + 1) * (K + 4 * R) +
                             (size_t)(max_len + a->Tw + 3 * max_len) * CB + 16 + 2 * 256) * sizeof(float);
@@ -1432,18 +1537,18 @@ enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_H
 
 /* The default, from the H200 measurements (tests/bench/results/kda_h200.md, HV = 32,
  * K = V = 128), by (row, head, 128-column) tiles: up to 64 (B <= 2), the CUDA-core kernels
- * for windows of up to 4 tokens and the one-pass verify for longer ones; up to 1023
+ * (a programmatic dependent launch; faster than the one-pass verify there up to T = 8); up to 1023
  * (B < 32) the one-pass verify; from 1024 (B >= 32) the split verify, 4 warps, with half of
  * the state through shared memory (HALF; the one-pass verify without a work space). Each was
  * the fastest measured there. */
-int verify_form(const kd_kda_args *a, int max_len) {
+int verify_form(const kd_kda_args *a) {
     if (g_split == 0) return FORM_ONE_KERNEL;
     if (g_split == 3) return FORM_ONE_PASS;
     if (g_split == 5) return a->work ? FORM_SPLIT_HALF : FORM_ONE_PASS;
     if (g_split == 2 || g_split == 4) return a->work ? FORM_SPLIT : FORM_ONE_PASS;
     if (g_tc_warps) return a->work ? FORM_SPLIT : FORM_ONE_KERNEL; /* block shapes of the split verify */
     const long tiles = (long)a->n_rows * a->HV * ((a->V + 127) / 128);
-    if (tiles <= 64) return max_len <= 4 ? FORM_CUDA_CORES : FORM_ONE_PASS;
+    if (tiles <= 64) return FORM_CUDA_CORES;
     return tiles < 1024 || !a->work ? FORM_ONE_PASS : FORM_SPLIT;
 }
 
@@ -1451,7 +1556,7 @@ bool tc_ok(const kd_kda_args *a, int max_len) {
     if (!g_tc || g_force_r || g_closed_form || a->V % 2 || max_len > 8 || (a->K != 32 && a->K != 64 && a->K != 128))
         return false;
     if (g_tc_warps || g_tc == 2) return true; /* forced (tests, benchmarks) */
-    if (max_len > 0 && g_split && g_tc == 1) return verify_form(a, max_len) != FORM_CUDA_CORES;
+    if (max_len > 0 && g_split && g_tc == 1) return verify_form(a) != FORM_CUDA_CORES;
     /* Commits: tensor cores always (faster at every measured size). The one-kernel verify
      * (kd_kda_split(0)): tensor cores for windows of up to 4 tokens when the grid has at least
      * two 4-warp blocks per SM (B >= 8 at HV = 32), else the CUDA-core kernels (the rule of
@@ -1523,7 +1628,7 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     return (int)(commit ? launch_commit_tc<K, NW>(a, s)                                                       \
                         : max_len > 4 ? launch_verify_tc<K, NW, 2>(a, s) : launch_verify_tc<K, NW, 1>(a, s))
     const int nw = tc_warps(a);
-    const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a, max_len);
+    const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a);
     if (form == FORM_ONE_PASS)
         return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
     if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* the default from B = 32 */
@@ -1559,7 +1664,10 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
     }
     const long narrow_blocks = (long)a->n_rows * a->HV * ((a->V + 31) / 32);
     int r = g_force_r;
-    if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : 4);
+    /* small grids (B <= 2 at HV = 32): R = 4, or R = 8 (twice the blocks) for windows of up to
+     * 2 tokens, where the shorter per-lane chains win (H200: B = 1, T = 1 / 2: 5.2 / 5.9 us
+     * against 5.8 / 6.3; equal at T = 4, slower at T = 8) */
+    if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : !COMMIT && max_len <= 2 ? 8 : 4);
     if (r == 16 && (a->V % 4 || a->K % 64)) r = 4;
     while (r != 16 && a->K / r > 64) r *= 2;
     while (r != 16 && r > 1 && a->K / r < 8) r /= 2;
@@ -1579,6 +1687,7 @@ extern "C" void kd_kda_force_r(int r) { g_force_r = r; }
 extern "C" void kd_kda_closed_form(int on) { g_closed_form = on; }
 extern "C" void kd_kda_tensor_cores(int on, int warps) { g_tc = on, g_tc_warps = warps; }
 extern "C" void kd_kda_split(int mode) { g_split = mode; }
+extern "C" void kd_kda_pdl(int on) { g_pdl = on; }
 extern "C" size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw) {
     return (size_t)n_rows * HV * tc_work_floats(K, (Tw + 7) / 8 * 8);
 }

@@ -135,6 +135,9 @@ void kd_kda_tensor_cores(int on, int warps);
 // one-pass verify, 5 the split verify with half the state staged in shared memory (the
 // default's split form), 0 the one-kernel tensor-core verify.
 void kd_kda_split(int mode);
+// The CUDA-core verify as a programmatic dependent launch of the kernel before it (1, the
+// default) or in plain stream order (0; benchmarks). See kda.cu for the contract.
+void kd_kda_pdl(int on);
 // Floats of kd_kda_args.work for n_rows rows.
 size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw);
 // Commits: fold rows[i].len records into the checkpoint (and snapshot), deferred/eager

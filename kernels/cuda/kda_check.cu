@@ -178,6 +178,12 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
         CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
         CK(cudaMemset(o, 0xff, (size_t)N * HV * V * 4)); // poison: NaN
         a.n_rows = B;
+        /* poison what kd_kda_prepare writes: a verify that read it before the prepare kernel
+         * finished (its programmatic launch waits for it) would see NaN */
+        CK(cudaMemset(qn, 0xff, (size_t)N * H * K * 4));
+        CK(cudaMemset(kn, 0xff, (size_t)N * H * K * 4));
+        CK(cudaMemset(dec, 0xff, (size_t)N * HV * K * 4));
+        CK(cudaMemset(beta, 0xff, (size_t)N * HV * 4));
         CK((cudaError_t)kd_kda_prepare(N, H, HV, K, q, k, g, b, dA, ddt, s.lb, (float)s.lbv, s.neg, qn, kn, dec, beta, 0));
         CK((cudaError_t)kd_kda_verify(&a, mode, maxT, 0));
         CK(cudaDeviceSynchronize());
@@ -324,14 +330,17 @@ int main(int argc, char **argv) {
                         {0, 0, 16, 0, "CUDA cores, wide (R=8, 4 columns)"},
                         {0, 0, 2, 0, "CUDA cores, narrow R=2"},
                         {0, 0, 8, 0, "CUDA cores, narrow R=8"}};
-    /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify (for the sanitizers) */
-    const bool only_new = getenv("KD_KDA_CHECK_NEW") && atoi(getenv("KD_KDA_CHECK_NEW"));
+    /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify, 2: only the CUDA-core kernels
+     * (each for the sanitizers) */
+    const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
+    const bool only_new = only != 0;
     /* KD_KDA_PROFILE=B,T (for a profiler): no checks, the benchmark at that one size */
     int prof_b = 0, prof_t = 0;
     if (getenv("KD_KDA_PROFILE") && sscanf(getenv("KD_KDA_PROFILE"), "%d,%d", &prof_b, &prof_t) != 2) prof_b = 0;
     for (const Cfg &c : cfgs) {
         if (prof_b) break;
-        if (only_new && c.split == 0) continue;
+        if (only == 1 && c.split == 0) continue;
+        if (only == 2 && c.tc != 0) continue;
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
         kd_kda_split(c.split == 1 ? g_split_default : c.split);
@@ -437,10 +446,12 @@ int main(int argc, char **argv) {
             /* 0 copy, 1 deferred (default), 2 store-all, 3 commit, 4 deferred and 5 commit on the
              * CUDA-core kernels, 6 the one-kernel tensor-core verify (4 warps, 4 blocks per SM),
              * 7 the split verify, 8 the one-pass verify, 9 the copy kernel, 10 the split verify
-             * with half the state through shared memory, 11.. the split verify with 2, 8 warps (T = 4) */
-            static const int sweep_warps[] = {2, 8};
-            for (int what = 0; what < (T == 4 ? 13 : 11); what++) {
-                kd_kda_tensor_cores(what == 4 || what == 5 ? 0 : 1, what == 6 ? 4 : what >= 11 ? sweep_warps[what - 11] : 0);
+             * with half the state through shared memory, 11 the CUDA-core verify in plain stream
+             * order (not a programmatic dependent launch), 12 its tile forced to R = 8 (B <= 8) */
+            for (int what = 0; what < (B <= 8 ? 13 : 11); what++) {
+                kd_kda_tensor_cores(what == 4 || what == 5 || what >= 11 ? 0 : 1, what == 6 ? 4 : 0);
+                kd_kda_force_r(what == 12 ? 8 : 0);
+                kd_kda_pdl(what != 11);
                 kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 ? 3 : what == 10 ? 5 : g_split_default);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -463,10 +474,13 @@ int main(int argc, char **argv) {
                 double *dst[] = {&rr.copy_us, &rr.def_us, &rr.all_us, &rr.commit_us, &rr.def_prev_us, &rr.commit_prev_us,
                                  &rr.fused_us, &rr.split_us, &rr.onepass_us, &rr.copyk_us, &rr.half_us};
                 if (what < 11) *dst[what] = us;
-                else printf("  sweep B=%d T=4 split verify, %d warps: deferred %.2f us\n", B, sweep_warps[what - 11], us);
+                else printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T,
+                            what == 11 ? "plain stream order" : "R = 8", us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
             kd_kda_tensor_cores(1, 0);
+            kd_kda_force_r(0);
+            kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
             printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
