@@ -1,6 +1,8 @@
 /* main.c: the `kdecode` program: subcommands over the engine and the model tools. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kd/backend.h"
 #include "worker/mkmodel.h"
@@ -19,6 +21,20 @@ static void usage(FILE *f) {
             "Run `kdecode <command> --help` for a command's flags.\n");
 }
 
+/* OpenBLAS's helper threads spin (sched_yield) for about 2^28 cycles, a tenth of a second,
+ * after each call before they sleep. A worker calls BLAS in bursts (a step, a prefill), and
+ * that spin competes for the CPU with the gRPC threads that stream a state handoff right
+ * after a prefill (2-vCPU machine, 42.8 MiB state: handoff median 26-36 ms with the spin,
+ * 28 ms without, and no longer tails of 50 ms; the decode step unchanged;
+ * tests/bench/results/handoff_cpu.md). The library reads OPENBLAS_THREAD_TIMEOUT once, as it
+ * loads (before main), so `serve` sets it (2^4 cycles: sleep at once) and executes itself
+ * again (same process id), unless the operator has set it. Without /proc the variable is
+ * set, has no effect, and serve goes on. */
+static void quiet_blas_threads(char **argv) {
+    if (getenv("OPENBLAS_THREAD_TIMEOUT") || setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -26,7 +42,10 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return kd_run_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) return kd_serve_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) {
+        quiet_blas_threads(argv);
+        return kd_serve_main(argc - 1, argv + 1);
+    }
     if (!strcmp(cmd, "mkmodel")) return kd_mkmodel_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) {
         if (argc > 2) {

@@ -91,7 +91,7 @@ class Server:
     _count = 0
     _lock = threading.Lock()
 
-    def __init__(self, name, args=(), tls_ca=None, client_cert=None):
+    def __init__(self, name, args=(), tls_ca=None, client_cert=None, env=None):
         with Server._lock:
             Server._count += 1
             n = Server._count
@@ -103,7 +103,8 @@ class Server:
         self.channels = []
         self.rc = None
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log)
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                         env=env)
         try:
             self.port = self._read_listening(T(30))
         except BaseException:
@@ -537,6 +538,20 @@ class GenerateTest(ServiceCase):
             got.extend(r.token_ids)
         self.assertEqual(call.code(), grpc.StatusCode.OK)
         self.assertEqual(got, want)
+
+    def test_blas_threads_sleep_between_calls(self):
+        """serve runs with OPENBLAS_THREAD_TIMEOUT=4 (it executes itself again, same process id,
+        so that the library reads it as it loads), unless the operator set a value."""
+        def environ(server):
+            with open(f"/proc/{server.proc.pid}/environ", "rb") as f:
+                return [v for v in f.read().split(b"\0") if v.startswith(b"OPENBLAS_THREAD_TIMEOUT=")]
+        mine = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4").encode()
+        self.assertEqual(environ(self.server), [b"OPENBLAS_THREAD_TIMEOUT=" + mine])
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+        env["OPENBLAS_THREAD_TIMEOUT"] = "20"
+        own = self.start_server("blas-timeout", owner=self, env=env)
+        own.wait_ready(Api(own.channel()))
+        self.assertEqual(environ(own), [b"OPENBLAS_THREAD_TIMEOUT=20"])
 
     def test_worker_assigns_a_request_id(self):
         res = self.assert_generates([5, 6], 4)

@@ -2,7 +2,9 @@
 # service_test.sh: runs service_test.py (unittest, /usr/bin/python3 with Debian's grpcio and
 # protobuf) against `kdecode serve` processes on loopback. Finds the binary, the bundled demo
 # model and the generated _pb2 modules in the runfiles; outside Bazel set KDECODE_BIN,
-# KDECODE_MODEL and KDECODE_PB. Arguments: --time-scale=F stretches every wait (sanitizers).
+# KDECODE_MODEL and KDECODE_PB. Arguments: --time-scale=F stretches every wait (sanitizers);
+# others name test classes or tests to run (e.g. GenerateTest.test_stop_token), as unittest
+# takes them.
 set -u
 
 find_runfile() {
@@ -13,10 +15,12 @@ find_runfile() {
     return 1
 }
 
+names=()
 for a in "$@"; do
     case $a in
         --time-scale=*) export KDECODE_TIME_SCALE=${a#*=} ;;
-        *) echo "service_test.sh: unknown argument $a" >&2; exit 2 ;;
+        -*) echo "service_test.sh: unknown argument $a" >&2; exit 2 ;;
+        *) names+=("$a") ;;
     esac
 done
 
@@ -39,4 +43,4 @@ export KDECODE_BIN KDECODE_MODEL KDECODE_PB
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY grpc_proxy all_proxy ALL_PROXY
 export no_proxy='*'
 
-exec /usr/bin/python3 -u "$PY_TEST" -v
+exec /usr/bin/python3 -u "$PY_TEST" -v "${names[@]}"
