@@ -1666,8 +1666,8 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
     int r = g_force_r;
     /* small grids (B <= 2 at HV = 32): R = 4, or R = 8 (twice the blocks) for windows of up to
      * 2 tokens, where the shorter per-lane chains win (H200: B = 1, T = 1 / 2: 5.2 / 5.9 us
-     * against 5.8 / 6.3; equal at T = 4, slower at T = 8) */
-    if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : !COMMIT && max_len <= 2 ? 8 : 4);
+     * against 5.8 / 6.3; equal at T = 4, slower at T = 8; the store-all verify keeps R = 4) */
+    if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : !COMMIT && mode == KD_KDA_DEFERRED && max_len <= 2 ? 8 : 4);
     if (r == 16 && (a->V % 4 || a->K % 64)) r = 4;
     while (r != 16 && a->K / r > 64) r *= 2;
     while (r != 16 && r > 1 && a->K / r < 8) r /= 2;
