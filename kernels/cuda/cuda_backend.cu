@@ -120,6 +120,7 @@ struct cu_backend {
     unsigned char *meta_dev;
     // device sampling: per logit row decisions, per row results (device and pinned host)
     kd_cu_sres *sres;
+    kd_cu_argpart *sarg; // the argmax slices of each logit row (kd_cu_sample_positions)
     int32_t *sout, *sout_h;
     // CUDA graphs of decode steps (forward_sample on verify-only batches)
     int graphs;
@@ -422,6 +423,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     ml->total = off;
     if (dalloc_t(cb, &cb->meta_dev, (int64_t)ml->total, 1, "batch metadata", err) ||
         dalloc_t(cb, &cb->sres, N, sizeof(kd_cu_sres), "sampling decisions", err) ||
+        dalloc_t(cb, &cb->sarg, N * KD_CU_ARG_SLICES, sizeof(kd_cu_argpart), "argmax slices", err) ||
         dalloc_t(cb, &cb->sout, (int64_t)max_rows * (Tw + 2), 4, "sampling results", err))
         return -1;
     CU(cudaMallocHost(&cb->sout_h, (size_t)max_rows * (Tw + 2) * 4));
@@ -776,7 +778,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
                      "head", err))
                 return -1;
             if (sh.sample)
-                KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, s));
+                KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, cb->sarg, s));
             else
                 CU(cudaMemcpyAsync(sh.logits + (size_t)m0 * cb->vocab, cb->lg, (size_t)(mc * cb->vocab) * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));
@@ -1042,7 +1044,7 @@ extern "C" int kd_cuda_sample_logits(kd_backend *b, const kd_batch *batch, const
         const int64_t mc = sh.M - m0 < cb->lg_rows ? sh.M - m0 : cb->lg_rows;
         CU(cudaMemcpyAsync(cb->lg, logits + (size_t)m0 * cb->vocab, (size_t)(mc * cb->vocab) * sizeof(float),
                            cudaMemcpyHostToDevice, s));
-        KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, s));
+        KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, cb->sarg, s));
     }
     KDA(kd_cu_sample_finish(d_srows, sh.n_rows, d_spos, cb->sres, b->max_window, cb->sout, s));
     CU(cudaMemcpyAsync(cb->sout_h, cb->sout, (size_t)sh.n_rows * (b->max_window + 2) * 4, cudaMemcpyDeviceToHost, s));

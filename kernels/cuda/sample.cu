@@ -161,8 +161,28 @@ __device__ uint64_t select_desc(const Dist &d, int32_t V, uint64_t lo, double ta
     return prefix;
 }
 
+// The slice's length: a multiple of 4 (slices start 16-byte aligned when the row does).
+__device__ __forceinline__ int32_t arg_slice(int32_t V) { return ((V + KD_CU_ARG_SLICES - 1) / KD_CU_ARG_SLICES + 3) / 4 * 4; }
+
+// Block (row, slice): the argmax of the slice (an empty slice: NaN at index 0x7fffffff, which
+// `beats` never prefers).
+__global__ void __launch_bounds__(kThreads) argmax_part_kernel(const float *logits, int32_t V, int64_t m0,
+                                                               const kd_cu_spos *pos, kd_cu_argpart *part) {
+    __shared__ Shared sh;
+    if (pos[m0 + blockIdx.x].row < 0) return; // the whole block
+    const int32_t len = arg_slice(V), a = (int32_t)blockIdx.y * len, b = a + len < V ? a + len : V;
+    float bv = __int_as_float(0x7fc00000);
+    int32_t bi = 0x7fffffff;
+    if (a < V) {
+        block_argmax(logits + (int64_t)blockIdx.x * V + a, b - a, sh, &bv, &bi);
+        bi += a;
+    }
+    if (threadIdx.x == 0) part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + blockIdx.y] = kd_cu_argpart{bv, bi};
+}
+
 __global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits, int32_t V, int64_t m0,
-                                                             const kd_cu_spos *pos, kd_cu_sres *res) {
+                                                             const kd_cu_spos *pos, kd_cu_sres *res,
+                                                             const kd_cu_argpart *part) {
     __shared__ Shared sh;
     const int64_t m = m0 + blockIdx.x;
     const kd_cu_spos p = pos[m];
@@ -170,7 +190,25 @@ __global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits
     const float *l = logits + (int64_t)blockIdx.x * V;
     float mxv;
     int32_t amax;
-    block_argmax(l, V, sh, &mxv, &amax);
+    { // the row's argmax from its slices' (a total order: the same as one pass over the row)
+        static_assert(KD_CU_ARG_SLICES <= 32, "one warp reduces the slices");
+        float bv = __int_as_float(0x7fc00000);
+        int32_t bi = 0x7fffffff;
+        if (threadIdx.x < KD_CU_ARG_SLICES) {
+            const kd_cu_argpart q = part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + threadIdx.x];
+            bv = q.v, bi = q.i;
+        }
+#pragma unroll
+        for (int o = 16; o >= 1; o /= 2) {
+            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (beats(v, i, bv, bi)) bv = v, bi = i;
+        }
+        if (threadIdx.x == 0) sh.bv[0] = bv, sh.bi[0] = bi;
+        __syncthreads();
+        mxv = sh.bv[0], amax = sh.bi[0] == 0x7fffffff ? 0 : sh.bi[0];
+        __syncthreads();
+    }
     if (p.greedy) {
         if (threadIdx.x == 0) res[m] = kd_cu_sres{amax, p.draft >= 0 && p.draft == amax};
         return;
@@ -272,10 +310,11 @@ __global__ void finish_kernel(const kd_cu_srow *rows, int n_rows, const kd_cu_sp
 } // namespace
 
 cudaError_t kd_cu_sample_positions(const float *logits, int32_t vocab, int64_t m0, int64_t n, const kd_cu_spos *pos,
-                                   kd_cu_sres *res, cudaStream_t s) {
+                                   kd_cu_sres *res, kd_cu_argpart *part, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
     if (n > 0x7fffffff || vocab < 1) return cudaErrorInvalidValue;
-    positions_kernel<<<(unsigned)n, kThreads, 0, s>>>(logits, vocab, m0, pos, res);
+    argmax_part_kernel<<<dim3((unsigned)n, KD_CU_ARG_SLICES), kThreads, 0, s>>>(logits, vocab, m0, pos, part);
+    positions_kernel<<<(unsigned)n, kThreads, 0, s>>>(logits, vocab, m0, pos, res, part);
     return cudaGetLastError();
 }
 

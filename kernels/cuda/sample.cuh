@@ -3,7 +3,8 @@
 // kd/sampling.h: greedy argmax; temperature, top-k and top-p; rejection sampling of drafts.
 // The host supplies the uniforms, so both make the same choices from the same seeds.
 //
-// Two launches. kd_cu_sample_positions: one block per logit row (a window position) decides
+// Two launches (three: kd_cu_sample_positions first takes each row's argmax in
+// KD_CU_ARG_SLICES slices, a block each). kd_cu_sample_positions: one block per logit row (a window position) decides
 // that position alone: greedy: the argmax and whether the draft after it equals it;
 // sampled: whether the draft is accepted (u_acc < p(draft)) and the token drawn otherwise
 // (from p without the draft, renormalised; at the last position of a window, the bonus
@@ -35,10 +36,19 @@ typedef struct kd_cu_sres {
     int32_t tok, acc;
 } kd_cu_sres;
 
+// The argmax of one slice of a logit row (work space of kd_cu_sample_positions).
+typedef struct kd_cu_argpart {
+    float v;
+    int32_t i;
+} kd_cu_argpart;
+// Slices of a row whose argmaxes a first launch takes in parallel (one block each), so that
+// a row's argmax is not one block reading the whole vocabulary (B = 1: 163840 logits).
+#define KD_CU_ARG_SLICES 32
+
 // Decides logit rows m0 .. m0 + n - 1 (spos indices) from logits [n][vocab] (row i of the
-// buffer is logit row m0 + i). res: [logit rows].
+// buffer is logit row m0 + i). res: [logit rows]; part: work space of n * KD_CU_ARG_SLICES.
 cudaError_t kd_cu_sample_positions(const float *logits, int32_t vocab, int64_t m0, int64_t n,
-                                   const kd_cu_spos *pos, kd_cu_sres *res, cudaStream_t s);
+                                   const kd_cu_spos *pos, kd_cu_sres *res, kd_cu_argpart *part, cudaStream_t s);
 
 // out: [n_rows][Tw + 2]: the row's tokens (accepted drafts, then the new token), then the
 // accepted count and the uniforms used.
