@@ -513,3 +513,13 @@ int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next
     call_end(&cc);
     return rc;
 }
+
+size_t kd_client_bytes_field_head(uint8_t *pre, uint32_t field, uint64_t n) {
+    size_t k = 0;
+    pre[k++] = (uint8_t)((field << 3) | 2); /* fields 1..15: a one-byte tag */
+    for (uint64_t v = n;; v >>= 7) {
+        pre[k++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+        if (v < 0x80) break;
+    }
+    return k;
+}

@@ -54,6 +54,11 @@ typedef struct kd_msg {
     size_t tail_len;
 } kd_msg;
 typedef int (*kd_msg_source)(void *ctx, kd_msg *msg);
+/* The head of a message whose only field is `field` (length-delimited: bytes) holding n bytes:
+ * the tag and the varint length, into pre (at least KD_BYTES_FIELD_HEAD bytes); returns its
+ * length. The n bytes then go as the kd_msg's tail, without a copy. */
+#define KD_BYTES_FIELD_HEAD 11
+size_t kd_client_bytes_field_head(uint8_t *pre, uint32_t field, uint64_t n);
 int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next, void *ctx, double timeout_s,
                             uint8_t **resp, size_t *resp_len, kd_call_status *st, kd_err *err);
 

@@ -2396,7 +2396,7 @@ static void handoff_header_fill(prefill_call *p, Kdecode__V1__StateSection *secs
  * gRPC's write copies it; no pass over the whole state before the header). */
 typedef struct push_src {
     prefill_call *p;
-    uint8_t pre[16];
+    uint8_t pre[KD_BYTES_FIELD_HEAD];
     uint8_t *msg;
     size_t cap;
     uint64_t sent;
@@ -2441,12 +2441,7 @@ static int push_next(void *ctx, kd_msg *out) {
     push_rx_hash(ps->tx, (const uint8_t *)ps->p->state + ps->sent, (size_t)n);
     /* a chunk message by hand: field 2 (bytes), its length, then the state bytes themselves,
      * sent from the state buffer without a copy */
-    size_t k = 0;
-    ps->pre[k++] = (2 << 3) | 2;
-    for (uint64_t v = n; ; v >>= 7) {
-        ps->pre[k++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
-        if (v < 0x80) break;
-    }
+    const size_t k = kd_client_bytes_field_head(ps->pre, 2, n);
     *out = (kd_msg){.head = ps->pre, .head_len = k, .tail = (const uint8_t *)ps->p->state + ps->sent, .tail_len = (size_t)n};
     ps->sent += n;
     return 1;

@@ -149,7 +149,7 @@ typedef struct job {
     kd_client *cl;
     const uint8_t *src;
     size_t len, sent;
-    uint8_t pre[16];
+    uint8_t pre[KD_BYTES_FIELD_HEAD];
     double t_end;
     int failed;
 } job;
@@ -163,12 +163,7 @@ static int next_chunk(void *ctx, kd_msg *m) {
         volatile XXH64_hash_t h = XXH3_64bits(j->src + j->sent, n);
         (void)h;
     }
-    size_t k = 0;
-    j->pre[k++] = (2 << 3) | 2;
-    for (uint64_t v = n;; v >>= 7) {
-        j->pre[k++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
-        if (v < 0x80) break;
-    }
+    const size_t k = kd_client_bytes_field_head(j->pre, 2, n);
     *m = (kd_msg){.head = j->pre, .head_len = k, .tail = j->src + j->sent, .tail_len = n};
     j->sent += n;
     return 1;
