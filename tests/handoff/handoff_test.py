@@ -24,6 +24,7 @@ model), KDECODE_PROTO (decoder.proto), KDECODE_TIME_SCALE (stretches every wait;
 sanitizers), KDECODE_TEST_SEED (replays the random requests; printed at start).
 A failing test prints the tail of its servers' stderr.
 """
+import array
 import concurrent.futures
 import functools
 import json
@@ -33,6 +34,7 @@ import re
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -102,6 +104,54 @@ def _run_tokens(model, prompt, max_tokens):
 def run_tokens(model, prompt, max_tokens):
     """What `kdecode run --ignore-eos` generates (greedy, no speculation)."""
     return list(_run_tokens(model, tuple(prompt), max_tokens))
+
+
+# Two float32 computations of the same model that differ only in rounding (a fold of records
+# against the window's own states, commits at other points: KDA.md, "equal to rounding, not
+# bitwise") can swap two next tokens whose logits lie this close; greedy tokens must be equal
+# everywhere else.
+NEAR_TIE = 1e-4
+
+
+@functools.lru_cache(maxsize=None)
+def _ref_top2(prompt):
+    """The two best next tokens after `prompt` and their logit margin, in float64 (`kdecode run
+    --f64 --dump-logits`, last row)."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as d:
+        path = os.path.join(d, "logits.safetensors")
+        out = subprocess.run([BIN, "run", "--model", MODEL, "--prompt-ids", ",".join(map(str, prompt)),
+                              "--max-tokens", "1", "--ignore-eos", "--f64", "--dump-logits", path],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=T(120))
+        if out.returncode != 0:
+            raise AssertionError(f"kdecode run --f64 failed ({out.returncode}): {out.stderr.decode(errors='replace')}")
+        with open(path, "rb") as f:
+            b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    t = json.loads(b[8:8 + n])["logits"]
+    lo, hi = t["data_offsets"]
+    a = array.array("f")
+    a.frombytes(b[8 + n + lo:8 + n + hi])
+    V = t["shape"][1]
+    last = a[len(a) - V:]
+    order = sorted(range(V), key=lambda i: -last[i])[:2]
+    return tuple(order), last[order[0]] - last[order[1]]
+
+
+def same_greedy_tokens(got, want, prompt):
+    """None if got == want, or if they first differ where the float64 reference's two best tokens
+    are exactly those two and lie within NEAR_TIE (then "near tie" and the margin); else what is
+    wrong."""
+    got, want = list(got), list(want)
+    if got == want:
+        return None
+    i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), None)
+    if i is None:
+        return f"lengths differ ({len(got)} vs {len(want)})"
+    top, margin = _ref_top2(tuple(prompt) + tuple(got[:i]))
+    if margin < NEAR_TIE and {got[i], want[i]} == set(top):
+        return "near tie", i, margin
+    return (f"first difference at token {i}: {got[i]} vs {want[i]}; the float64 reference there: best {top}, "
+            f"margin {margin:.3g} (a near tie is < {NEAR_TIE}, between those two)")
 
 
 # ----------------------------------------------------------------------------- servers
@@ -377,6 +427,18 @@ class Equality:
     N_RUN_SAMPLE = 12
     N_KDCTL = 6
 
+    def check_tokens(self, got, want, prompt, what, stats, lock):
+        """Greedy tokens equal, or parted only at a near tie of the float64 reference."""
+        verdict = same_greedy_tokens(got, want, prompt)
+        if verdict is None:
+            return
+        if isinstance(verdict, tuple):
+            with lock:
+                stats["near_ties"] += 1
+            print(f"near tie (margin {verdict[2]:.3g}) at token {verdict[1]}: {what}", flush=True)
+            return
+        self.fail(f"{what}\n{got}\n{want}\n{verdict}")
+
     def _run_config(self, tag, extra, seed):
         ss = ServerSet(self)
         P = ss.start(f"prefill-{tag}", ["--role", "prefill", *extra])
@@ -393,7 +455,7 @@ class Equality:
         rng = random.Random(seed)
         reqs = make_requests(rng, self.N_SEQUENTIAL + self.N_CONCURRENT)
         stats = {"prefill_cached": 0, "agg_cached": 0, "drafted": 0, "accepted": 0, "claimed": 0,
-                 "claim_prompt_tokens": 0, "claim_gen_tokens": 0}
+                 "claim_prompt_tokens": 0, "claim_gen_tokens": 0, "near_ties": 0}
         lock = threading.Lock()
         handoff_bytes = set()
 
@@ -431,7 +493,7 @@ class Equality:
                 stats["agg_cached"] += aresps[-1].usage.cached_tokens
                 handoff_bytes.add(pr.handoff_bytes)
             self.assertEqual(len(toks), r["max_tokens"], ctx)
-            self.assertEqual(toks, agg, f"disaggregated != aggregated: {ctx}")
+            self.check_tokens(toks, agg, r["prompt"], f"disaggregated != aggregated: {ctx}", stats, lock)
             r["tokens"] = toks
 
         t0 = time.monotonic()
@@ -448,9 +510,9 @@ class Equality:
         sample = rng.sample(reqs, self.N_RUN_SAMPLE) + [min(reqs, key=lambda r: len(r["prompt"])),
                                                         max(reqs, key=lambda r: len(r["prompt"]))]
         for r in sample:
-            self.assertEqual(r["tokens"], run_tokens(MODEL, r["prompt"], r["max_tokens"]),
-                             f"disaggregated != kdecode run: [{tag}-{r['i']}] prompt={r['prompt']} "
-                             f"max_tokens={r['max_tokens']} seed={seed}")
+            self.check_tokens(r["tokens"], run_tokens(MODEL, r["prompt"], r["max_tokens"]), r["prompt"],
+                              f"disaggregated != kdecode run: [{tag}-{r['i']}] prompt={r['prompt']} "
+                              f"max_tokens={r['max_tokens']} seed={seed}", stats, lock)
 
         # the CLI router: kdctl generate --prefill --decode
         for r in rng.sample([r for r in reqs if r["max_tokens"] > 1], self.N_KDCTL):
@@ -463,7 +525,7 @@ class Equality:
             out = subprocess.run(cmd, capture_output=True, timeout=T(60))
             self.assertEqual(out.returncode, 0, f"{cmd}: {out.stderr.decode(errors='replace')}")
             j = json.loads(out.stdout)
-            self.assertEqual(j["tokens"], r["tokens"], f"kdctl --prefill/--decode: {cmd}")
+            self.check_tokens(j["tokens"], r["tokens"], r["prompt"], f"kdctl --prefill/--decode: {cmd}", stats, lock)
             self.assertEqual(j["finish"], "length")
             stats["claimed"] += 1
             stats["claim_prompt_tokens"] += len(r["prompt"]) + 1
@@ -516,7 +578,8 @@ class Equality:
         print(f"\n  {tag}: {len(reqs)} requests ({self.N_SEQUENTIAL} sequential {t1 - t0:.1f} s, "
               f"{self.N_CONCURRENT} concurrent {t2 - t1:.1f} s), {stats['claimed']} claims, "
               f"drafted/accepted {stats['drafted']}/{stats['accepted']}, cached tokens prefill/aggregated "
-              f"{stats['prefill_cached']}/{stats['agg_cached']}", flush=True)
+              f"{stats['prefill_cached']}/{stats['agg_cached']}, near ties {stats['near_ties']}", flush=True)
+        self.assertLessEqual(stats["near_ties"], 3, "more near ties than random weights give: a real divergence?")
 
 
 class EqualityPrefixCacheTest(Equality, unittest.TestCase):
