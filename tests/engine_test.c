@@ -134,6 +134,35 @@ static int32_t argmax(const float *x, int32_t n) {
     return b;
 }
 
+/* Two float32 computations that differ only in rounding (records folded against the
+ * window's own states, commits at other points: KDA.md, equal to rounding, not bitwise) can
+ * swap two next tokens this close; greedy tokens must agree everywhere else. */
+#define NEAR_TIE 1e-4
+
+/* Whether the float64 model puts exactly tokens a and b first after ctx[0..n), within
+ * NEAR_TIE of each other. */
+static int near_tie(kd_model *m, const int32_t *ctx, int64_t n, int32_t a, int32_t b) {
+    kd_err err;
+    refbe r;
+    r.be = kd_cpu_backend_create(1, &err);
+    ck_assert(r.be != NULL);
+    ck_assert_msg(kd_backend_load(r.be, &m->config, &m->tensors, &err) == 0, "%s", err.msg);
+    ck_assert_msg(kd_backend_reserve(r.be, 1, 1, 512, 1, KD_COMMIT_DEFERRED, &err) == 0, "%s", err.msg);
+    r.vocab = m->config.vocab;
+    r.logits = malloc((size_t)r.vocab * sizeof *r.logits);
+    ck_assert(r.logits != NULL);
+    ref_feed(&r, 0, ctx, n);
+    int32_t first = argmax(r.logits, r.vocab), second = first == 0 ? 1 : 0;
+    for (int32_t i = 0; i < r.vocab; i++)
+        if (i != first && r.logits[i] > r.logits[second]) second = i;
+    const int tie = ((a == first && b == second) || (a == second && b == first)) &&
+                    (double)r.logits[first] - r.logits[second] < NEAR_TIE;
+    fprintf(stderr, "float64 reference at the first difference: %d then %d, margin %.3g: %s\n", first, second,
+            (double)r.logits[first] - r.logits[second], tie ? "a near tie" : "not a near tie");
+    ref_close(&r);
+    return tie;
+}
+
 /* Greedy continuation from a fresh state: prompt in one go, then token by token. */
 static void ref_greedy(refbe *r, const int32_t *prompt, int64_t n_prompt, int32_t n, int32_t *out) {
     kd_backend_reset_slot(r->be, 0, NULL);
@@ -363,6 +392,7 @@ static void workload_case(kd_commit_mode mode, int use_cache, int pad, uint64_t 
     ck_assert_int_eq(st.waiting, 0);
     ck_assert_int_eq(st.missed_boundaries, 0);
     if (mode != KD_COMMIT_STORE_ALL) ck_assert(checks > 0);
+    int ties = 0; /* requests parted from the reference at a near tie (at most 3) */
     for (int j = 0; j < NJOBS; j++) {
         const job *jb = &jobs[j];
         const outcome *o = &c->o[j];
@@ -371,10 +401,17 @@ static void workload_case(kd_commit_mode mode, int use_cache, int pad, uint64_t 
             ck_assert_int_eq(o->fin, KD_FINISH_LENGTH);
             ck_assert_int_eq(o->n, jb->max_tokens);
         }
-        for (int i = 0; i < o->n; i++)
-            ck_assert_msg(o->toks[i] == jb->expect[i], "%s request %d (s=%d %s) token %d: %d, reference %d",
+        for (int i = 0; i < o->n; i++) {
+            if (o->toks[i] == jb->expect[i]) continue;
+            int32_t ctx[256];
+            memcpy(ctx, jb->prompt, (size_t)jb->n_prompt * sizeof *ctx);
+            memcpy(ctx + jb->n_prompt, jb->expect, (size_t)i * sizeof *ctx);
+            const int tie = near_tie(m, ctx, jb->n_prompt + i, o->toks[i], jb->expect[i]);
+            ck_assert_msg(tie && ++ties <= 3, "%s request %d (s=%d %s) token %d: %d, reference %d",
                           kd_commit_mode_name(mode), j, jb->spec, kd_draft_source_name(jb->draft), i,
                           o->toks[i], jb->expect[i]);
+            break; /* parted at a near tie: the rest follows other tokens */
+        }
         if (!use_cache || o->fin == KD_FINISH_ABORT) continue;
         /* every block boundary this request's committed tokens crossed is cached exactly */
         int32_t all[256];
