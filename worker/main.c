@@ -24,8 +24,8 @@ static void usage(FILE *f) {
 /* OpenBLAS's helper threads spin (sched_yield) for about 2^28 cycles, a tenth of a second,
  * after each call before they sleep. A worker calls BLAS in bursts (a step, a prefill), and
  * that spin competes for the CPU with the gRPC threads that stream a state handoff right
- * after a prefill (2-vCPU machine, 42.8 MiB state: handoff median 26-36 ms with the spin,
- * 28 ms without, and no longer tails of 50 ms; the decode step unchanged;
+ * after a prefill (2-vCPU machine, 42.8 MiB state: handoff medians 26-37 ms with the spin,
+ * 28-34 ms without, tails of ~50 ms down to ~40; the decode step unchanged;
  * tests/bench/results/handoff_cpu.md). The library reads OPENBLAS_THREAD_TIMEOUT once, as it
  * loads (before main), so `serve` sets it (2^4 cycles: sleep at once) and executes itself
  * again (same process id), unless the operator has set it. Without /proc the variable is
