@@ -1124,6 +1124,8 @@ int main(int argc, char **argv) {
         {"C:noconv-lb-neg-tied", 64, 3, 1, 2, 64, 128, 4, 0, 128, 150, 1, -5.0, 1, 1, 1},
         {"D:W2-lb-tied", 64, 1, 2, 2, 32, 32, 2, 1, 96, 97, 1, -3.0, 0, 1, 0},
         {"E:W1-HV3-V48", 48, 2, 1, 3, 64, 48, 1, 1, 64, 120, 0, 0, 1, 0, 1},
+        /* value heads wider than 256: the gated norm's loop past one round of loads per lane */
+        {"F:HV2-K32-V320", 64, 1, 1, 2, 32, 320, 4, 1, 64, 97, 0, 0, 0, 0, 0},
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
