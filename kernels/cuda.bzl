@@ -24,7 +24,10 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
             name = obj + "_nvcc",
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = "%s %s -c $(location %s) -o $@" % (NVCC, NVCC_FLAGS, src),
+            # a temporary directory of its own: nvcc names its temporary files by process id,
+            # which is the same in every sandbox's process namespace, so two nvcc actions
+            # running at once otherwise overwrite each other's files in a shared /tmp
+            cmd = "t=$$(mktemp -d) && TMPDIR=$$t %s %s -c $(location %s) -o $@; r=$$?; rm -rf $$t; exit $$r" % (NVCC, NVCC_FLAGS, src),
         )
         objs.append(obj)
     native.cc_library(

@@ -12,7 +12,7 @@
 //   win    [L][slots+1][C][W-1]        committed conv windows (C = 2 H K + HV V)
 //   xrec   [L][slots+1][Tw][C]         conv inputs of the last verify window
 //   rec_u  [L][slots+1][Tw][HV][V]     corrections          (deferred, eager)
-//   rec_kg [L][slots+1][2][Tw][HV][2K] raw key / gate, two alternating buffers (kg_read)
+//   rec_kg [L][slots+1][2][Tw][HV][2K] normalised key / decay, two alternating buffers (kg_read)
 //   stored [L][slots+1][Tw][HV][K][V]  states after each window position (store-all)
 // A slot's committed state in the export layout [L][S | win] is therefore 2 L pieces; the
 // state calls copy piece by piece (state_pieces).
@@ -584,8 +584,6 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
 
 kd_kda_args layer_args(cu_backend *cb, int32_t l) {
-    const cu_layer *Ly = &cb->layers[l];
-    const kd_config *c = &cb->base.config;
     kd_kda_args a;
     memset(&a, 0, sizeof a);
     a.H = (int32_t)cb->H, a.HV = (int32_t)cb->HV, a.K = (int32_t)cb->K, a.V = (int32_t)cb->V;
@@ -596,11 +594,8 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
     a.rec_kg = cb->lrec_kg ? cb->rec_kg + (size_t)l * cb->lrec_kg : NULL;
     a.stored = cb->lstored ? cb->stored + (size_t)l * cb->lstored : NULL;
     a.qn = cb->qn, a.kn = cb->kn, a.decay = cb->decay, a.beta = cb->beta, a.v = cb->v;
-    a.kraw = cb->k, a.graw = cb->graw, a.o = cb->o;
+    a.o = cb->o;
     a.work = cb->kda_work;
-    a.A_log = Ly->A_log, a.dt_bias = Ly->dt_bias;
-    a.use_lower_bound = c->use_lower_bound, a.allow_neg_eigval = c->allow_neg_eigval;
-    a.lower_bound = (float)c->lower_bound;
     return a;
 }
 

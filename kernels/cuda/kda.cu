@@ -51,23 +51,16 @@ __device__ __forceinline__ int pidx(int t, int c) {
     return t * (KR + 4) * R + (c / KR) * (KR + 4) + c % KR;
 }
 
-// The key L2-normalised and the decay exp(gate) of records [t0, t1) of one head, into
-// shared memory sk/sd (pidx layout); warps take tokens in turn, lanes split K.
+// Records [0, n) of one head (each the key L2-normalised and the decay, as kd_kda_prepare
+// made them for that window) into shared memory sk / sd (pidx layout).
 template <int KR, int R>
-__device__ void fold_prologue(const kd_kda_args &a, const float *kg, int h, int t0, int t1, float *sk, float *sd) {
-    const int K = a.K, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float A = expf(a.A_log[h]);
-    for (int t = t0 + warp; t < t1; t += kThreads / 32) {
-        const float *rk = kg + ((size_t)t * a.HV + h) * 2 * K, *rg = rk + K;
-        float ss = 0.f;
-        for (int c = lane; c < K; c += 32) ss += rk[c] * rk[c];
-#pragma unroll
-        for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        const float inv = rsqrtf(ss + 1e-6f);
-        for (int c = lane; c < K; c += 32) {
-            sk[pidx<KR, R>(t - t0, c)] = rk[c] * inv;
-            sd[pidx<KR, R>(t - t0, c)] = expf(gatef_(rg[c] + a.dt_bias[h * K + c], A, a.use_lower_bound, a.lower_bound));
-        }
+__device__ void stage_records(const kd_kda_args &a, const float *kg, int h, int n, float *sk, float *sd) {
+    const int K = a.K;
+    for (int i = threadIdx.x; i < n * K; i += kThreads) {
+        const int t = i / K, c = i % K;
+        const float *rk = kg + ((size_t)t * a.HV + h) * 2 * K;
+        sk[pidx<KR, R>(t, c)] = rk[c];
+        sd[pidx<KR, R>(t, c)] = rk[K + c];
     }
 }
 
@@ -132,7 +125,6 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     const int T = row.len, F = row.fold;
     float *wq = smem, *wk = wq + T * KP, *wd = wk + T * KP, *fk = wd + T * KP, *fd = fk + Tw * KP;
     float *sv = fd + Tw * KP, *su = sv + T * CB, *sb = su + Tw * CB; // v [T][CB], u [F][CB], beta [T]
-    float *sdt = sb + 16;                                             // dt_bias [K] (folds)
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
     // the state first: its loads are in flight while the block stages the rest
     float *S = a.state + slot * kda_sstride(a) + h * hkv;
@@ -146,10 +138,12 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     // Staging by asynchronous copies: every load in flight at once with the state's, no
     // registers held, little address arithmetic (16 bytes a copy when the arrays allow it; at
     // B = 1 the staging's waits and index arithmetic, not the state's arithmetic, were the
-    // time). Group A is what earlier steps and kernels wrote (v, the records, dt_bias): it is
-    // issued, with the state's loads, before pdl_wait, so under a programmatic launch it
-    // overlaps the kernel before (kd_kda_prepare, which writes only qn, kn, decay and beta);
-    // group B (those four) comes after the wait, and lands while the block folds.
+    // time). Group A is what earlier steps and kernels wrote (v, the records): it is issued,
+    // with the state's loads, before pdl_wait, so under a programmatic launch it overlaps the
+    // kernel before (kd_kda_prepare, which writes only qn, kn, decay and beta); group B (those
+    // four) comes after the wait, and lands while the block folds. The records are the
+    // normalised keys and decays of the last window as prepare made them: the fold needs no
+    // arithmetic of its own before it starts.
     const int tid = threadIdx.x;
     constexpr int K4 = K / 4;
     for (int i = tid; i < T * CB; i += kThreads) {
@@ -163,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
             if (jj < V) cp_async4(su + i, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + jj);
             else su[i] = 0.f;
         }
-        // the fold records: raw key into fk, raw gate into fd (finished below)
+        // the fold records: key into fk, decay into fd
         const bool alr = ((uintptr_t)kg_old & 15) == 0;
         for (int i = tid; i < F * 2 * K4; i += kThreads) {
             const int t = i / (2 * K4), c = i % (2 * K4) * 4;
@@ -176,40 +170,8 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
                 for (int e = 0; e < 4; e++) cp_async4(dst + e, src + e);
             }
         }
-        if (tid < K) cp_async4(sdt + tid, a.dt_bias + h * K + tid);
     }
     cp_async_commit();
-    if (rec) { // the raw key and gate of the window: the next step's fold records (loads first)
-        const bool al4 = (((uintptr_t)a.kraw | (uintptr_t)a.graw | (uintptr_t)kg_new) & 15) == 0;
-        auto src = [&](int i) { // element i of [T][2K]
-            const int t = i / (2 * K), c = i % (2 * K);
-            const size_t n = (size_t)row.start + t;
-            return c < K ? a.kraw + (n * a.H + hk) * K + c : a.graw + (n * a.HV + h) * K + c - K;
-        };
-        auto dst = [&](int i) { return kg_new + ((size_t)(i / (2 * K)) * a.HV + h) * 2 * K + i % (2 * K); };
-        constexpr int UN = 4;
-        if (al4) {
-            for (int i0 = tid; i0 < T * 2 * K4; i0 += UN * kThreads) {
-                float4 x[UN];
-#pragma unroll
-                for (int u = 0; u < UN; u++)
-                    if (i0 + u * kThreads < T * 2 * K4) x[u] = *(const float4 *)src(4 * (i0 + u * kThreads));
-#pragma unroll
-                for (int u = 0; u < UN; u++)
-                    if (i0 + u * kThreads < T * 2 * K4) *(float4 *)dst(4 * (i0 + u * kThreads)) = x[u];
-            }
-        } else {
-            for (int i0 = tid; i0 < T * 2 * K; i0 += UN * kThreads) {
-                float x[UN];
-#pragma unroll
-                for (int u = 0; u < UN; u++)
-                    if (i0 + u * kThreads < T * 2 * K) x[u] = *src(i0 + u * kThreads);
-#pragma unroll
-                for (int u = 0; u < UN; u++)
-                    if (i0 + u * kThreads < T * 2 * K) *dst(i0 + u * kThreads) = x[u];
-            }
-        }
-    }
     pdl_wait(); // the kernel before has finished (a no-op without a programmatic launch)
     const bool al = (((uintptr_t)a.qn | (uintptr_t)a.kn | (uintptr_t)a.decay) & 15) == 0;
     for (int i = tid; i < T * K4; i += kThreads) {
@@ -229,22 +191,6 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     if (fold) {
         cp_async_wait1(); // group A
         __syncthreads();
-        // the fold records' keys L2-normalised and their decays, in place (a warp per token)
-        const float A = expf(a.A_log[h]);
-        const int warp = tid / 32, lane = tid % 32;
-        for (int t = warp; t < F; t += kThreads / 32) {
-            float ss = 0.f;
-            for (int c = lane; c < K; c += 32) ss += fk[pidx<KR, R>(t, c)] * fk[pidx<KR, R>(t, c)];
-#pragma unroll
-            for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-            const float inv = rsqrtf(ss + 1e-6f);
-            for (int c = lane; c < K; c += 32) {
-                const int pi = pidx<KR, R>(t, c);
-                fk[pi] *= inv;
-                fd[pi] = expf(gatef_(fd[pi] + sdt[c], A, a.use_lower_bound, a.lower_bound));
-            }
-        }
-        __syncthreads();
         for (int t = 0; t < F; t++) {
             float u[NC];
 #pragma unroll
@@ -255,64 +201,150 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     }
     cp_async_wait(); // group B
     __syncthreads();
+    if (rec) { // the window's keys and decays, from shared memory: the next step's fold records
+        const bool al4 = ((uintptr_t)kg_new & 15) == 0;
+        for (int i = tid; i < T * 2 * K4; i += kThreads) {
+            const int t = i / (2 * K4), c = i % (2 * K4) * 4;
+            const float *src = c < K ? wk + pidx<KR, R>(t, c) : wd + pidx<KR, R>(t, c - K);
+            float *dst = kg_new + ((size_t)t * a.HV + h) * 2 * K + c;
+            if (al4) {
+                *(float4 *)dst = *(const float4 *)src;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) dst[e] = src[e];
+            }
+        }
+    }
     // the window, from registers; with one column a lane, its K-row sums run as P independent
     // chains (the serial FMA latency of KR rows was a third of a B = 1 step)
     constexpr int P = NC == 1 ? 4 : 1;
-    for (int t = 0; t < T; t++) {
-        const size_t n = (size_t)row.start + t;
-        const float4 *d4 = (const float4 *)(wd + t * KP + c0), *k4 = (const float4 *)(wk + t * KP + c0);
-        const float4 *q4 = (const float4 *)(wq + t * KP + c0);
-        float ks[P][NC], os[P][NC], u[NC];
+    if constexpr (!STORE_ALL) {
+        // Deferred: no state after the window is kept, so each position is one pass over the
+        // lane's rows and one round of shuffles. With S' = D_t S (S as the last position left
+        // it): u_t = beta_t (v_t - k_t.S'), o_t = q_t.(S' + k_t u_t) = q_t.S' + (q_t.k_t) u_t, so
+        // k.S', q.S' and q.k are summed side by side; the rank-one update k_t u_t is applied
+        // as the next position's pass starts (and never after the last).
+        float pu[NC];
+        for (int t = 0; t < T; t++) {
+            const size_t n = (size_t)row.start + t;
+            const float4 *d4 = (const float4 *)(wd + t * KP + c0), *k4 = (const float4 *)(wk + t * KP + c0);
+            const float4 *q4 = (const float4 *)(wq + t * KP + c0), *p4 = (const float4 *)(wk + (t - 1) * KP + c0);
+            float ks[P][NC], qs[P][NC], kq[P];
 #pragma unroll
-        for (int p = 0; p < P; p++)
+            for (int p = 0; p < P; p++) {
+                kq[p] = 0.f;
 #pragma unroll
-            for (int m = 0; m < NC; m++) ks[p][m] = 0.f, os[p][m] = 0.f;
+                for (int m = 0; m < NC; m++) ks[p][m] = 0.f, qs[p][m] = 0.f;
+            }
+            if (t > 0) {
 #pragma unroll
-        for (int i4 = 0; i4 < KR / 4; i4++) {
-            const float4 d = d4[i4], kk = k4[i4];
-            const float dd[4] = {d.x, d.y, d.z, d.w}, kv[4] = {kk.x, kk.y, kk.z, kk.w};
+                for (int i4 = 0; i4 < KR / 4; i4++) {
+                    const float4 d = d4[i4], kk = k4[i4], q = q4[i4], pk = p4[i4];
+                    const float dd[4] = {d.x, d.y, d.z, d.w}, kv[4] = {kk.x, kk.y, kk.z, kk.w};
+                    const float qv[4] = {q.x, q.y, q.z, q.w}, pv[4] = {pk.x, pk.y, pk.z, pk.w};
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+                    for (int e = 0; e < 4; e++) {
+                        kq[e % P] += kv[e] * qv[e];
 #pragma unroll
-                for (int m = 0; m < NC; m++) {
-                    st[4 * i4 + e][m] *= dd[e];
-                    ks[e % P][m] += st[4 * i4 + e][m] * kv[e];
+                        for (int m = 0; m < NC; m++) {
+                            float x = (st[4 * i4 + e][m] + pv[e] * pu[m]) * dd[e];
+                            st[4 * i4 + e][m] = x;
+                            ks[e % P][m] += x * kv[e], qs[e % P][m] += x * qv[e];
+                        }
+                    }
                 }
-        }
+            } else {
 #pragma unroll
-        for (int m = 0; m < NC; m++) {
+                for (int i4 = 0; i4 < KR / 4; i4++) {
+                    const float4 d = d4[i4], kk = k4[i4], q = q4[i4];
+                    const float dd[4] = {d.x, d.y, d.z, d.w}, kv[4] = {kk.x, kk.y, kk.z, kk.w};
+                    const float qv[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int p = 1; p < P; p++) ks[0][m] += ks[p][m];
-            u[m] = sb[t] * (sv[t * CB + jl + m] - group_sum<R>(ks[0][m]));
-        }
+                    for (int e = 0; e < 4; e++) {
+                        kq[e % P] += kv[e] * qv[e];
 #pragma unroll
-        for (int i4 = 0; i4 < KR / 4; i4++) {
-            const float4 kk = k4[i4], q = q4[i4];
-            const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-#pragma unroll
-                for (int m = 0; m < NC; m++) {
-                    st[4 * i4 + e][m] += kv[e] * u[m];
-                    os[e % P][m] += st[4 * i4 + e][m] * qv[e];
+                        for (int m = 0; m < NC; m++) {
+                            float x = st[4 * i4 + e][m] * dd[e];
+                            st[4 * i4 + e][m] = x;
+                            ks[e % P][m] += x * kv[e], qs[e % P][m] += x * qv[e];
+                        }
+                    }
                 }
-        }
+            }
 #pragma unroll
-        for (int m = 0; m < NC; m++) {
-#pragma unroll
-            for (int p = 1; p < P; p++) os[0][m] += os[p][m];
-        }
-        float o1[NC];
-#pragma unroll
-        for (int m = 0; m < NC; m++) o1[m] = group_sum<R>(os[0][m]);
-        if (live && part == 0) {
+            for (int p = 1; p < P; p++) kq[0] += kq[p];
+            kq[0] = group_sum<R>(kq[0]);
 #pragma unroll
             for (int m = 0; m < NC; m++) {
-                a.o[(n * a.HV + h) * V + j + m] = o1[m];
-                if (!STORE_ALL) a.rec_u[((slot * Tw + t) * a.HV + h) * V + j + m] = u[m];
+#pragma unroll
+                for (int p = 1; p < P; p++) ks[0][m] += ks[p][m], qs[0][m] += qs[p][m];
+                pu[m] = sb[t] * (sv[t * CB + jl + m] - group_sum<R>(ks[0][m]));
+                qs[0][m] = group_sum<R>(qs[0][m]) + kq[0] * pu[m];
+            }
+            if (live && part == 0) {
+#pragma unroll
+                for (int m = 0; m < NC; m++) {
+                    a.o[(n * a.HV + h) * V + j + m] = qs[0][m];
+                    a.rec_u[((slot * Tw + t) * a.HV + h) * V + j + m] = pu[m];
+                }
             }
         }
-        if (STORE_ALL && live) store_tile<KR, NC>(st, a.stored + ((slot * Tw + t) * a.HV + h) * hkv, r0, j, V);
+    } else { // store-all: every position's state is stored, so it is updated in place
+        for (int t = 0; t < T; t++) {
+            const size_t n = (size_t)row.start + t;
+            const float4 *d4 = (const float4 *)(wd + t * KP + c0), *k4 = (const float4 *)(wk + t * KP + c0);
+            const float4 *q4 = (const float4 *)(wq + t * KP + c0);
+            float ks[P][NC], os[P][NC], u[NC];
+#pragma unroll
+            for (int p = 0; p < P; p++)
+#pragma unroll
+                for (int m = 0; m < NC; m++) ks[p][m] = 0.f, os[p][m] = 0.f;
+#pragma unroll
+            for (int i4 = 0; i4 < KR / 4; i4++) {
+                const float4 d = d4[i4], kk = k4[i4];
+                const float dd[4] = {d.x, d.y, d.z, d.w}, kv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+#pragma unroll
+                    for (int m = 0; m < NC; m++) {
+                        st[4 * i4 + e][m] *= dd[e];
+                        ks[e % P][m] += st[4 * i4 + e][m] * kv[e];
+                    }
+            }
+#pragma unroll
+            for (int m = 0; m < NC; m++) {
+#pragma unroll
+                for (int p = 1; p < P; p++) ks[0][m] += ks[p][m];
+                u[m] = sb[t] * (sv[t * CB + jl + m] - group_sum<R>(ks[0][m]));
+            }
+#pragma unroll
+            for (int i4 = 0; i4 < KR / 4; i4++) {
+                const float4 kk = k4[i4], q = q4[i4];
+                const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+#pragma unroll
+                    for (int m = 0; m < NC; m++) {
+                        st[4 * i4 + e][m] += kv[e] * u[m];
+                        os[e % P][m] += st[4 * i4 + e][m] * qv[e];
+                    }
+            }
+#pragma unroll
+            for (int m = 0; m < NC; m++) {
+#pragma unroll
+                for (int p = 1; p < P; p++) os[0][m] += os[p][m];
+            }
+            float o1[NC];
+#pragma unroll
+            for (int m = 0; m < NC; m++) o1[m] = group_sum<R>(os[0][m]);
+            if (live && part == 0) {
+#pragma unroll
+                for (int m = 0; m < NC; m++) {
+                    a.o[(n * a.HV + h) * V + j + m] = o1[m];
+                }
+            }
+            if (live) store_tile<KR, NC>(st, a.stored + ((slot * Tw + t) * a.HV + h) * hkv, r0, j, V);
+        }
     }
 }
 
@@ -363,7 +395,7 @@ __global__ void __launch_bounds__(kThreads) verify_wy_kernel(const kd_kda_args a
             const int t = i / CB, jj = blockIdx.x * CB + i % CB;
             su[i] = jj < V ? a.rec_u[((slot * Tw + t) * a.HV + h) * V + jj] : 0.f;
         }
-        fold_prologue<KR, R>(a, kg_old, h, 0, F, fk, fd);
+        stage_records<KR, R>(a, kg_old, h, F, fk, fd);
     }
     __syncthreads();
     // per key channel: the fold's and the window's decay products
@@ -481,15 +513,13 @@ __global__ void __launch_bounds__(kThreads) verify_wy_kernel(const kd_kda_args a
             }
         }
     }
-    // the raw key and gate of the window: one block per head writes them
+    // the window's keys and decays, staged above: the next step's fold records (one block a head)
     if (blockIdx.x == 0) {
-        __syncthreads(); /* everyone is done with the old records (fold_prologue) */
         for (int i = threadIdx.x; i < T * K; i += kThreads) {
             const int t = i / K, c = i % K;
-            const size_t n = (size_t)row.start + t;
             float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-            r[c] = a.kraw[(n * a.H + hk) * K + c];
-            r[K + c] = a.graw[(n * a.HV + h) * K + c];
+            r[c] = wk[pidx<KR, R>(t, c)];
+            r[K + c] = wd[pidx<KR, R>(t, c)];
         }
     }
 }
@@ -513,7 +543,7 @@ __global__ void __launch_bounds__(kThreads) commit_kernel(const kd_kda_args a) {
         const int t = i / CB, jj = blockIdx.x * CB + i % CB;
         su[i] = jj < V ? a.rec_u[((slot * Tw + t) * a.HV + h) * V + jj] : 0.f;
     }
-    fold_prologue<KR, R>(a, a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K, h, 0, n, fk, fd);
+    stage_records<KR, R>(a, a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K, h, n, fk, fd);
     __syncthreads();
     for (int t = 0; t < n; t++) {
         float u[NC];
@@ -684,52 +714,28 @@ __device__ __forceinline__ void tile_to_regs(float (&s)[KT][4], const float *st,
         s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
     }
 }
-// The fold's records t < n of one head: raw key (kr) and raw gate (gr), [t][K], and the
-// gate's dt_bias, fetched into shared memory (asynchronously: cp_async_wait + barrier).
+// The fold's records t < n of one head: the normalised key (kr) and the decay (fd), [t][K],
+// fetched into shared memory (asynchronously: cp_async_wait + barrier).
 template <int K>
 __device__ __forceinline__ void tc_fetch_records(const kd_kda_args &a, const float *kg, int h, int n, float *kr,
-                                                 float *gr, float *dtb) {
+                                                 float *fd) {
     for (int t = 0; t < n; t++) {
         const float *rk = kg + ((size_t)t * a.HV + h) * 2 * K;
         fetch(kr + t * K, rk, K);
-        fetch(gr + t * K, rk + K, K);
-    }
-    fetch(dtb, a.dt_bias + (size_t)h * K, K);
-}
-
-// 1 / |k_t| of the staged raw keys (a warp per record), into inv[t].
-template <int K>
-__device__ __forceinline__ void tc_record_norms(const float *kr, int n, float *inv) {
-    const int nw = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int t = warp; t < n; t += nw) {
-        float ss = 0.f;
-#pragma unroll
-        for (int e = 0; e < K / 32; e++) ss += kr[t * K + lane + 32 * e] * kr[t * K + lane + 32 * e];
-#pragma unroll
-        for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        if (lane == 0) inv[t] = rsqrtf(ss + 1e-6f);
+        fetch(fd + t * K, rk + K, K);
     }
 }
 
-// The decays of channel c's records t < n: fd[t] (in place over the raw gate).
-template <int K>
-__device__ __forceinline__ void tc_record_decays(const kd_kda_args &a, float A, int c, int n, float *gr,
-                                                 const float *dtb) {
-    for (int t = 0; t < n; t++)
-        gr[t * K + c] = expf(gatef_(gr[t * K + c] + dtb[c], A, a.use_lower_bound, a.lower_bound));
-}
-
-// Fold weights of channel c for the first n records: wf_t = k_t prod_{t<s<n} d_s (k_t =
-// raw key times inv[t]; split,
+// Fold weights of channel c for the first n records: wf_t = k_t prod_{t<s<n} d_s (split;
 // rows n..FR-1 zero); returns prod_{s<n} d_s.
 template <int K>
-__device__ __forceinline__ float tc_fold_weights(int c, int n, int FR, const float *kr, const float *inv,
-                                                 const float *fd, float *wh, float *wl) {
+__device__ __forceinline__ float tc_fold_weights(int c, int n, int FR, const float *kr, const float *fd, float *wh,
+                                                 float *wl) {
     constexpr int KP = K + 8;
     float p = 1.f;
     for (int t = FR - 1; t >= 0; t--) {
         float w = 0.f;
-        if (t < n) w = kr[t * K + c] * inv[t] * p, p *= fd[t * K + c];
+        if (t < n) w = kr[t * K + c] * p, p *= fd[t * K + c];
         put_split(wh, wl, t * KP + c, w);
     }
     return p;
@@ -865,7 +871,7 @@ __device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t sta
 // Shared memory of the tensor-core verify, in floats (see verify_tc_kernel).
 __host__ __device__ constexpr int tc_verify_smem(int K, int NW, int NT, int FR) {
     return (2 * FR * K + 24 * K > NW * 16 * 17 ? 2 * FR * K + 24 * K : NW * 16 * 17) + 2 * FR * (K + 8) +
-           2 * NT * 8 * (K + 8) + K + 128 + 8 * NW * 16 + 8 + K + 16;
+           2 * NT * 8 * (K + 8) + K + 128 + 8 * NW * 16 + 8;
 }
 
 // The deferred verify on tensor cores. Block: NW warps, 16 value columns each, of one
@@ -889,7 +895,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     float *P = smem; // [CB][17], phases 3-4, over the staging area of phases 1-2
     float *wfh = smem + (2 * FR * K + 24 * K > CB * 17 ? 2 * FR * K + 24 * K : CB * 17), *wfl = wfh + FR * KP;
     float *awh = wfl + FR * KP, *awl = awh + NT * 8 * KP, *cpF = awl + NT * 8 * KP, *M = cpF + K, *N = M + 64;
-    float *sv = N + 64, *sb = sv + 8 * CB, *dtb = sb + 8, *inv = dtb + K;
+    float *sv = N + 64, *sb = sv + 8 * CB;
     // (0)
     float s[KT][4];
     tc_load<KT>(s, S, V, va, q, live);
@@ -898,7 +904,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     // (1) every staging copy in flight at once
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
     float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
-    tc_fetch_records<K>(a, kg_old, h, F, fk, fd, dtb);
+    tc_fetch_records<K>(a, kg_old, h, F, fk, fd);
     for (int t = 0; t < T; t++) {
         const size_t n = (size_t)row.start + t;
         fetch(wk + t * K, a.kn + (n * a.H + hk) * K, K);
@@ -911,13 +917,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
         else sv[i] = 0.f;
     }
     if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
-    const float A = expf(a.A_log[h]);
     cp_async_wait();
     __syncthreads();
-    // (2) the records' norms and the window's T x T matrices (a warp per record / per 4
-    // pairs r <= t, reductions interleaved), then per key channel the decays, the fold
-    // weights and the window's decayed keys / queries
-    tc_record_norms<K>(fk, F, inv);
+    // (2) the window's T x T matrices (a warp per 4 pairs r <= t, reductions interleaved),
+    // then per key channel the fold weights and the window's decayed keys / queries
     for (int p0 = warp * 4; p0 < T * (T + 1) / 2; p0 += NW * 4) {
         float m[4], nn[4];
 #pragma unroll
@@ -954,8 +957,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     }
     __syncthreads();
     for (int c = tid; c < K; c += NTH) {
-        tc_record_decays<K>(a, A, c, F, fd, dtb);
-        cpF[c] = tc_fold_weights<K>(c, F, FR, fk, inv, fd, wfh, wfl);
+        cpF[c] = tc_fold_weights<K>(c, F, FR, fk, fd, wfh, wfl);
         float p = 1.f;
         for (int t = 0; t < T; t++) {
             p *= wd[t * K + c];
@@ -980,7 +982,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
         },
         P, warp * 16 + 2 * g, q);
     __syncthreads();
-    // the window's raw key and gate (the new records), this block's share: loads issued
+    // the window's keys and decays (the new records), this block's share: loads issued
     // before the solve, stores after it (one round trip, not one per element)
     constexpr int PER = (8 * K + NTH - 1) / NTH;
     float kv[PER], gv[PER];
@@ -989,7 +991,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     for (int it = 0; it < PER; it++) {
         const int i = ri + it * rs, t = i / K, c = i % K;
         const size_t n = (size_t)row.start + t;
-        if (i < T * K) kv[it] = a.kraw[(n * a.H + hk) * K + c], gv[it] = a.graw[(n * a.HV + h) * K + c];
+        if (i < T * K) kv[it] = a.kn[(n * a.H + hk) * K + c], gv[it] = a.decay[(n * a.HV + h) * K + c];
     }
     // (4) per value column: u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r
     if (tid < CB && blockIdx.x * CB + tid < V)
@@ -1004,7 +1006,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     }
 }
 
-__host__ __device__ constexpr int tc_commit_smem(int K, int FR) { return 2 * FR * K + 4 * FR * (K + 8) + 3 * K + 16; }
+__host__ __device__ constexpr int tc_commit_smem(int K, int FR) { return 2 * FR * K + 4 * FR * (K + 8) + 2 * K; }
 
 // The commit on tensor cores: S_n^T = S0^T diag(cp_n) + U^T Wf_n, and the snapshot the same
 // way with the weights of its first snap_at records, tile by tile. Block as verify_tc_kernel.
@@ -1020,21 +1022,17 @@ __global__ void __launch_bounds__(NW * 32) commit_tc_kernel(const kd_kda_args a)
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
     float *S = a.state + slot * kda_sstride(a) + h * hkv, *snap = m > 0 ? row.snap + (size_t)h * hkv : nullptr;
     float *fk = smem, *fd = fk + FR * K, *wh = fd + FR * K, *wl = wh + FR * KP, *mh = wl + FR * KP, *ml = mh + FR * KP;
-    float *cpn = ml + FR * KP, *cpm = cpn + K, *dtb = cpm + K, *inv = dtb + K;
+    float *cpn = ml + FR * KP, *cpm = cpn + K;
     float s[KT][4];
     tc_load<KT>(s, S, V, va, q, live);
     frag_a u[2];
     tc_load_u(u, a, slot, h, n, va, q, live);
-    tc_fetch_records<K>(a, a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K, h, n, fk, fd, dtb);
-    const float A = expf(a.A_log[h]);
+    tc_fetch_records<K>(a, a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K, h, n, fk, fd);
     cp_async_wait();
     __syncthreads();
-    tc_record_norms<K>(fk, n, inv);
-    __syncthreads();
     for (int c = tid; c < K; c += NTH) {
-        tc_record_decays<K>(a, A, c, n, fd, dtb);
-        cpn[c] = tc_fold_weights<K>(c, n, FR, fk, inv, fd, wh, wl);
-        if (m > 0) cpm[c] = tc_fold_weights<K>(c, m, FR, fk, inv, fd, mh, ml);
+        cpn[c] = tc_fold_weights<K>(c, n, FR, fk, fd, wh, wl);
+        if (m > 0) cpm[c] = tc_fold_weights<K>(c, m, FR, fk, fd, mh, ml);
     }
     __syncthreads();
 #pragma unroll
@@ -1114,10 +1112,10 @@ __device__ __forceinline__ void window_sums(const float (&kw)[8], const float (&
 
 template <int K>
 __global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_args a) {
-    /* per warp: 16 record norms, then M and N as [8][8] each (sums over the warp's channels) */
-    constexpr int NWP = K / 32, NR = 16 + 128;
+    /* per warp: M and N as [8][8] each (sums over the warp's channels) */
+    constexpr int NWP = K / 32, NR = 128;
     __shared__ float red[NWP][NR];
-    __shared__ float skg[2][16][K]; /* the records' raw key and gate, each thread its own channel */
+    __shared__ float skg[2][16][K]; /* the records' key and decay, each thread its own channel */
     pdl_trigger();
     const kd_kda_row row = a.rows[blockIdx.y];
     const int h = blockIdx.x, hk = h / (a.HV / a.H), T = row.len, F = row.fold, FR = (a.Tw + 7) / 8 * 8;
@@ -1140,42 +1138,23 @@ __global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_a
         kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
         dw[t] = a.decay[(n * a.HV + h) * K + c];
     }
-    const float dtb = a.dt_bias[(size_t)h * K + c], A = expf(a.A_log[h]);
-    // the new records (the window's raw key and gate); the fold reads the other buffer
-    for (int t = 0; t < T; t++) {
-        const size_t n = (size_t)row.start + t;
+    // the new records (the window's keys and decays); the fold reads the other buffer
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t >= T) break;
         float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-        r[c] = a.kraw[(n * a.H + hk) * K + c], r[K + c] = a.graw[(n * a.HV + h) * K + c];
+        r[c] = kw[t], r[K + c] = dw[t];
     }
     // M_tr = sum_c k_t x_tr (r < t), N_tr = sum_c q_t x_tr (r <= t), x_tr = k_r prod_{r<s<=t} d_s:
     // per t, the 2 (t + 1) warp sums side by side
-    window_sums(kw, qw, dw, T, lane, &red[warp][16]);
-    // |k_t|^2 of the records, side by side
+    window_sums(kw, qw, dw, T, lane, &red[warp][0]);
     cp_async_wait();
-    if (F > 3) {
-        float ss[16];
-#pragma unroll
-        for (int t = 0; t < 16; t++) ss[t] = t < F ? skg[0][t][c] * skg[0][t][c] : 0.f;
-        const float s = warp_sum16(ss, lane);
-        if (!(lane & 1)) red[warp][warp_sum16_index(lane)] = s;
-    } else {
-        for (int t = 0; t < F; t++) {
-            float s = skg[0][t][c] * skg[0][t][c];
-#pragma unroll
-            for (int o = 16; o >= 1; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0) red[warp][t] = s;
-        }
-    }
     __syncthreads();
-    // per channel: the records' decays and the fold weights (backwards), the window's
-    // decayed keys and queries (forwards)
+    // per channel: the fold weights (backwards), the window's decayed keys and queries (forwards)
     float p = 1.f;
     for (int t = F - 1; t >= 0; t--) {
-        float ss = 0.f;
-#pragma unroll
-        for (int y = 0; y < NWP; y++) ss += red[y][t];
-        w[t * K + c] = skg[0][t][c] * rsqrtf(ss + 1e-6f) * p;
-        p *= expf(gatef_(skg[1][t][c] + dtb, A, a.use_lower_bound, a.lower_bound));
+        w[t * K + c] = skg[0][t][c] * p;
+        p *= skg[1][t][c];
     }
     w[FR * K + c] = p;
     float b = 1.f;
@@ -1193,7 +1172,7 @@ __global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_a
         float s = 0.f;
         if (r <= t && t < T && (mat == 1 || r < t))
 #pragma unroll
-            for (int y = 0; y < NWP; y++) s += red[y][16 + i];
+            for (int y = 0; y < NWP; y++) s += red[y][i];
         w[(FR + 17) * K + i] = s;
     }
 }
@@ -1365,36 +1344,22 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     // (1) the prologue, in two halves
     const int c = tid % 128;
     const bool act = c < K;
-    if (tid < 128) { /* the records: norms, decays, fold weights */
+    if (tid < 128) { /* the records (keys and decays): fold weights */
         const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-        float kr[16], gr[16];
+        float kr[16], d[16];
 #pragma unroll
         for (int t = 0; t < 16; t++) {
-            kr[t] = gr[t] = 0.f;
+            kr[t] = 0.f, d[t] = 1.f;
             if (t < F && act) {
                 const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-                kr[t] = rk[c], gr[t] = rk[K + c];
+                kr[t] = rk[c], d[t] = rk[K + c];
             }
         }
-        const float dtb = act ? a.dt_bias[(size_t)h * K + c] : 0.f, A = expf(a.A_log[h]);
-#pragma unroll
-        for (int t = 0; t < 16; t++)
-            if (t < F) {
-                float x = kr[t] * kr[t];
-#pragma unroll
-                for (int m = 16; m >= 1; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
-                if (lane == 0) red[warp * NR + t] = x;
-            }
-        float d[16];
-#pragma unroll
-        for (int t = 0; t < 16; t++) d[t] = t < F ? expf(gatef_(gr[t] + dtb, A, a.use_lower_bound, a.lower_bound)) : 1.f;
-        named_bar(1, 128);
         float p = 1.f;
 #pragma unroll
         for (int t = 15; t >= 0; t--)
             if (t < F) {
-                const float ss = (red[t] + red[NR + t]) + (red[2 * NR + t] + red[3 * NR + t]);
-                if (act) wf[t * KP + c] = kr[t] * rsqrtf(ss + 1e-6f) * p;
+                if (act) wf[t * KP + c] = kr[t] * p;
                 p *= d[t];
             }
         if (act) cpF[c] = p;
@@ -1414,9 +1379,8 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
 #pragma unroll
             for (int t = 0; t < 8; t++)
                 if (t < T) {
-                    const size_t n = (size_t)row.start + t;
                     float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-                    r[c] = a.kraw[(n * a.H + hk) * K + c], r[K + c] = a.graw[(n * a.HV + h) * K + c];
+                    r[c] = kw[t], r[K + c] = dw[t];
                 }
         window_sums(kw, qw, dw, T, lane, red + warp * NR + 16);
         float b = 1.f;
@@ -1475,8 +1439,8 @@ int g_closed_form;
 /* The CUDA-core verify is launched as a programmatic dependent of the kernel before it
  * (kd_kda_pdl(0): plain stream order): its blocks start while that kernel finishes and load
  * everything it cannot have written (see verify_kernel). The contract: the kernel right
- * before kd_kda_verify in the stream writes none of the state, records, v, kraw, graw or
- * gate parameters (the backend's is kd_kda_prepare). */
+ * before kd_kda_verify in the stream writes none of the state, the records or v (the
+ * backend's is kd_kda_prepare, which writes qn, kn, decay and beta). */
 int g_pdl = 1;
 
 template <typename F>
@@ -1495,7 +1459,7 @@ template <int KR, int R, int NC>
 cudaError_t launch_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s) {
     constexpr int K = KR * R, CB = kThreads / R * NC;
     dim3 grid((a->V + CB - 1) / CB, a->HV, a->n_rows);
-    const size_t sm = ((size_t)(3 * max_len + 2 * a->Tw) * (K + 4 * R) + (size_t)(max_len + a->Tw) * CB + 16 + K) * sizeof(float);
+    const size_t sm = ((size_t)(3 * max_len + 2 * a->Tw) * (K + 4 * R) + (size_t)(max_len + a->Tw) * CB + 16) * sizeof(float);
     if (mode == KD_KDA_STORE_ALL) {
         return launch_pdl(verify_kernel<KR, R, NC, true>, grid, sm, s, a);
     } else if (!g_closed_form) {
@@ -1537,10 +1501,12 @@ enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_H
 
 /* The default, from the H200 measurements (tests/bench/results/kda_h200.md, HV = 32,
  * K = V = 128), by (row, head, 128-column) tiles: up to 64 (B <= 2), the CUDA-core kernels
- * (a programmatic dependent launch; faster than the one-pass verify there up to T = 8); up to 1023
- * (B < 32) the one-pass verify; from 1024 (B >= 32) the split verify, 4 warps, with half of
- * the state through shared memory (HALF; the one-pass verify without a work space). Each was
- * the fastest measured there. */
+ * (a programmatic dependent launch; faster than the one-pass verify there up to T = 8); above,
+ * the one-pass verify. Each was the fastest measured there. Until the records carried the
+ * prepared keys and decays, the split verify (half of the state through shared memory) was
+ * the fastest from B = 32; since, the one-pass verify is 5-13 % faster than it at every size
+ * from B = 32 to 512 and every window (its prologue had been the records' norms and
+ * exponentials, which the split form's separate kernel computed once a head). */
 int verify_form(const kd_kda_args *a) {
     if (g_split == 0) return FORM_ONE_KERNEL;
     if (g_split == 3) return FORM_ONE_PASS;
@@ -1549,7 +1515,7 @@ int verify_form(const kd_kda_args *a) {
     if (g_tc_warps) return a->work ? FORM_SPLIT : FORM_ONE_KERNEL; /* block shapes of the split verify */
     const long tiles = (long)a->n_rows * a->HV * ((a->V + 127) / 128);
     if (tiles <= 64) return FORM_CUDA_CORES;
-    return tiles < 1024 || !a->work ? FORM_ONE_PASS : FORM_SPLIT;
+    return FORM_ONE_PASS;
 }
 
 bool tc_ok(const kd_kda_args *a, int max_len) {
@@ -1557,11 +1523,14 @@ bool tc_ok(const kd_kda_args *a, int max_len) {
         return false;
     if (g_tc_warps || g_tc == 2) return true; /* forced (tests, benchmarks) */
     if (max_len > 0 && g_split && g_tc == 1) return verify_form(a) != FORM_CUDA_CORES;
-    /* Commits: tensor cores always (faster at every measured size). The one-kernel verify
+    /* Commits: tensor cores except up to 64 (row, head, 128-column) tiles (B <= 2 at HV = 32),
+     * where the CUDA-core commit is faster (H200, B = 1: 3.6-7.2 us against 6.2-7.4 us for
+     * windows of 1-8; B = 8: 13.2-17.8 against 12.1-13.5). The one-kernel verify
      * (kd_kda_split(0)): tensor cores for windows of up to 4 tokens when the grid has at least
      * two 4-warp blocks per SM (B >= 8 at HV = 32), else the CUDA-core kernels (the rule of
      * the H200 measurements before the split and one-pass forms). */
-    return max_len == 0 || (max_len <= 4 && (long)a->n_rows * a->HV * ((a->V + 63) / 64) >= 264);
+    if (max_len == 0) return (long)a->n_rows * a->HV * ((a->V + 127) / 128) > 64;
+    return max_len <= 4 && (long)a->n_rows * a->HV * ((a->V + 63) / 64) >= 264;
 }
 
 /* Warps per block (16 value columns each): 4 (measured fastest at every batch size). */
@@ -1631,7 +1600,7 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a);
     if (form == FORM_ONE_PASS)
         return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
-    if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* the default from B = 32 */
+    if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* forced: the default from B = 32 until the records were prepared */
         return (int)(max_len > 4 ? launch_verify_split<K, 4, 2, 5, true>(a, s) : launch_verify_split<K, 4, 1, 6, true>(a, s));
     if (form == FORM_SPLIT) {
 #define KD_SPLIT(NW, MINB) \

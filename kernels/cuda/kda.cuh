@@ -3,9 +3,10 @@
 // the benchmark.
 //
 // State layout (per layer; the CPU backend's and the handoff's): S [slot][HV][K][V] fp32,
-// slot n_slots is the scratch row. Records per slot: corrections u [Tw][HV][V] fp32 and raw
-// key/gate kg [2][Tw][HV][2K] fp32 (two buffers, alternating); store-all keeps states
-// [Tw][HV][K][V] instead.
+// slot n_slots is the scratch row. Records per slot: corrections u [Tw][HV][V] fp32 and
+// key/decay kg [2][Tw][HV][2K] fp32 (two buffers, alternating): the window's normalised key
+// and decay exactly as kd_kda_prepare made them, so a fold repeats the window's arithmetic
+// without recomputing a norm or an exponential; store-all keeps states [Tw][HV][K][V] instead.
 //
 // Tensor-core verify (kda.cu). The records make the window affine in the folded checkpoint
 // S_F (KDA.md §4), so per (row, value head) the step is two small matrix products against
@@ -20,11 +21,12 @@
 // layout, which is also the A-operand layout of the window product once the contraction
 // order inside each 8-channel tile is permuted (2q, 2q+1 -> q, q+4); the B operand is read
 // with the same permutation, so the fold's output feeds the window product without moving.
-// The O(T^2 K) prologue (the records' norms and decays, the fold weights, the decayed keys
-// and queries, M and N: running products, a thread per key channel) runs once per (row,
-// head). Three forms, chosen by size (kda.cu, verify_form; each the fastest measured on
-// an H200 in its range):
-// - split (B >= 32 at HV = 32): tc_prologue_kernel, one block per (row, head), writes the
+// The O(T^2 K) prologue (the fold weights, the decayed keys and queries, M and N: running
+// products, a thread per key channel) runs once per (row, head). The default is the
+// one-pass form above B = 2 at HV = 32 and the CUDA-core kernels up to it (kda.cu,
+// verify_form; each the fastest measured on an H200 in its range); the split form was the
+// default from B = 32 until the records carried the prepared keys and decays:
+// - split: tc_prologue_kernel, one block per (row, head), writes the
 //   prologue to kd_kda_args.work (its warp sums of M and N reduce 16 values per 16 shuffles,
 //   the records go to shared memory: 64 registers, 8 blocks per SM; measured at B = 128 on an
 //   H200 it went from 41 to 16 us at T = 1); verify_split_kernel (4 warps, 64 value columns)
@@ -34,13 +36,13 @@
 //   tile loads into registers; the other half is copied into shared memory and taken after
 //   the first half is folded, stored and multiplied: 80 registers instead of 128, 6 blocks per
 //   SM instead of 4 (T <= 4; 5 at T <= 8), 0-8 % faster from B = 32 on an H200.
-// - one-pass (B < 32; also when no work space is given): verify_onepass_kernel, 8 warps
+// - one-pass (the default above B = 2): verify_onepass_kernel, 8 warps
 //   per (row, head, 128 value columns), 2 blocks per SM. The state tile goes to shared
 //   memory by asynchronous copies while the block's two halves compute the prologue (the
 //   records / the window), then each warp takes its columns into registers.
-// - CUDA cores for windows of up to 4 tokens at B <= 2 (below).
+// - CUDA cores at B <= 2 (below), for the verify and the commit.
 // The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
-// itself) and the commit (commit_tc_kernel, the default for every size) use the same
+// itself) and the commit (commit_tc_kernel, the default above B = 2) use the same
 // products.
 // Arithmetic per state element and step on the CUDA cores: ~4 (the checkpoint decay and
 // the hi/lo split) instead of 2F + 4T (24 at T = F = 4) token by token; tensor-core work:
@@ -56,9 +58,10 @@
 //
 // Bytes per (row, value head) and step, K = V = 128, F = T (every draft accepted): the
 // state is 64 KiB, read once and written once (128 KiB, the copy floor's bytes). Records:
-// read F x (512 B corrections + 1 KiB raw key/gate), write T x 1.5 KiB. Window inputs:
-// q, k, decay, v and the raw key and gate the records copy, 3 KiB per token, and o, 512 B.
-// In all 128 + 6.5 T KiB: 1.05 / 1.10 / 1.20 / 1.41 x the copy's bytes at T = 1 / 2 / 4 / 8.
+// read F x (512 B corrections + 1 KiB key/decay), write T x 1.5 KiB. Window inputs: q, k,
+// decay and v, 2 KiB per token (the new key/decay records are copies of what is staged),
+// and o, 512 B. In all 128 + 5.5 T KiB: 1.04 / 1.09 / 1.17 / 1.34 x the copy's bytes at
+// T = 1 / 2 / 4 / 8.
 // The split form adds its work space, written once and read back: (F + 1 + 2T) KiB (1.08 /
 // 1.16 / 1.30 / 1.60 x in all); measured at B >= 256 it runs at the copy's bandwidth, so
 // its time over the copy's is that ratio (tests/bench/results/kda_h200.md). store-all:
@@ -93,22 +96,16 @@ typedef struct kd_kda_args {
     float *state;              // slot s's [HV][K][V] at state + s * slot_stride
     int64_t slot_stride;       // elements between slots' states (0: HV*K*V, packed)
     float *rec_u;              // [slots+1][Tw][HV][V]      (deferred, eager)
-    float *rec_kg;             // [slots+1][2][Tw][HV][2K]  (deferred, eager)
+    float *rec_kg;             // [slots+1][2][Tw][HV][2K]  (deferred, eager): per token and value
+                               // head the normalised key and the decay of a window (kn, decay)
     float *stored;             // [slots+1][Tw][HV][K][V]   (store-all)
-    // per token of the batch (verify): normalised q (scaled) and k, decay exp(g), beta, v;
-    // the raw key and gate for the records
+    // per token of the batch (verify): normalised q (scaled) and k, decay exp(g), beta, v
+    // (kd_kda_prepare's outputs; the verify copies kn and decay into the records)
     const float *qn, *kn;      // [N][H][K]
     const float *decay;        // [N][HV][K]
     const float *beta;         // [N][HV]
     const float *v;            // [N][HV][V]
-    const float *kraw;         // [N][H][K]
-    const float *graw;         // [N][HV][K]
     float *o;                  // [N][HV][V]
-    // gate parameters (for folds recomputed from raw records)
-    const float *A_log;        // [HV]
-    const float *dt_bias;      // [HV*K]
-    int32_t use_lower_bound, allow_neg_eigval;
-    float lower_bound;
     // verify work space (device, kd_kda_work_floats(n_rows, HV, K, Tw) floats, reused by every
     // layer): the per (row, head) prologue of the split verify. NULL: the one-kernel verify.
     float *work;

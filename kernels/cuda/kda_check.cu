@@ -131,14 +131,13 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     CK(cudaMemset(a.work, 0xff, kd_kda_work_floats(B, HV, K, Tw) * 4)); // NaN: read only what is written
     float *dA = dalloc<float>(HV), *ddt = dalloc<float>(HV * K);
     up(dA, A_f), up(ddt, dt_f);
-    a.A_log = dA, a.dt_bias = ddt, a.use_lower_bound = s.lb, a.lower_bound = (float)s.lbv, a.allow_neg_eigval = s.neg;
     const int maxN = B * Tw;
     float *q = dalloc<float>(maxN * H * K), *k = dalloc<float>(maxN * H * K), *v = dalloc<float>(maxN * HV * V);
     float *g = dalloc<float>(maxN * HV * K), *b = dalloc<float>(maxN * HV);
     float *qn = dalloc<float>(maxN * H * K), *kn = dalloc<float>(maxN * H * K), *dec = dalloc<float>(maxN * HV * K);
     float *beta = dalloc<float>(maxN * HV), *o = dalloc<float>(maxN * HV * V), *snap = dalloc<float>(B * per);
     kd_kda_row *drows = dalloc<kd_kda_row>(B);
-    a.qn = qn, a.kn = kn, a.decay = dec, a.beta = beta, a.v = v, a.kraw = k, a.graw = g, a.o = o, a.rows = drows;
+    a.qn = qn, a.kn = kn, a.decay = dec, a.beta = beta, a.v = v, a.o = o, a.rows = drows;
     std::vector<std::vector<Tok>> last(B);
     std::vector<int> pending(B, 0), parity(B, 0);
     double worst_o = 0, worst_s = 0;
@@ -390,25 +389,16 @@ int main(int argc, char **argv) {
         const int slots = B + 1;
         kd_kda_row *drows = dalloc<kd_kda_row>(B);
         const int N = B * Tw;
-        float *tok = dalloc<float>((size_t)N * (3 * H * K + 2 * HV * K + HV * V + HV + HV * V));
+        float *tok = dalloc<float>((size_t)N * (2 * H * K + HV * K + HV * V + HV + HV * V));
         {
-            std::vector<float> h((size_t)N * (3 * H * K + 2 * HV * K + HV * V + HV + HV * V));
+            std::vector<float> h((size_t)N * (2 * H * K + HV * K + HV * V + HV + HV * V));
             for (auto &x : h) x = (float)(0.3 * nrand());
             up(tok, h);
-        }
-        float *A = dalloc<float>(HV), *dtb = dalloc<float>(HV * K);
-        {
-            std::vector<float> ha(HV), hd(HV * K);
-            for (auto &x : ha) x = (float)log(1 + 15 * urand());
-            for (auto &x : hd) x = (float)(-2.3 - 4.6 * urand());
-            up(A, ha), up(dtb, hd);
         }
         float *p = tok;
         const float *qn = p; p += (size_t)N * H * K;
         const float *kn = p; p += (size_t)N * H * K;
-        const float *kraw = p; p += (size_t)N * H * K;
         float *dec = p; p += (size_t)N * HV * K;
-        const float *graw = p; p += (size_t)N * HV * K;
         const float *vv = p; p += (size_t)N * HV * V;
         float *bt = p; p += (size_t)N * HV;
         float *o = p;
@@ -430,8 +420,7 @@ int main(int argc, char **argv) {
             fill(a.stored, (size_t)slots * Tw * per, 0.1f);
             fill(a.rec_u, (size_t)slots * Tw * HV * V, 0.3f);
             fill(a.rec_kg, (size_t)slots * 2 * Tw * HV * 2 * K, 1.f);
-            a.qn = qn, a.kn = kn, a.decay = dec, a.beta = bt, a.v = vv, a.kraw = kraw, a.graw = graw, a.o = o;
-            a.A_log = A, a.dt_bias = dtb;
+            a.qn = qn, a.kn = kn, a.decay = dec, a.beta = bt, a.v = vv, a.o = o;
             bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(a.stored);
         }
         float *copy_dst = dalloc<float>((size_t)L * B * per);
@@ -493,7 +482,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
         for (float *b : bufs) cudaFree(b);
-        cudaFree(copy_dst), cudaFree(work), cudaFree(drows), cudaFree(tok), cudaFree(A), cudaFree(dtb);
+        cudaFree(copy_dst), cudaFree(work), cudaFree(drows), cudaFree(tok);
     }
     // results
     char path[512];
