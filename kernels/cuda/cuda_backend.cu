@@ -112,7 +112,7 @@ struct cu_backend {
     int64_t sstride;                                   // slot stride of S and win (elements)
     int32_t *kg_read; // host [slots1]: which key/gate buffer holds the slot's last window
     // work space
-    float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *decay, *beta, *o, *gu, *lg, *snap;
+    float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *qk, *decay, *beta, *o, *gu, *lg, *snap;
     float *kda_work; // kd_kda_args.work: the verify's per (row, head) prologue, shared by the layers
     void *h, *fg0, *ob, *act, *sel;
     int64_t lg_rows;
@@ -191,13 +191,18 @@ int dalloc_t(cu_backend *cb, T **out, int64_t n, size_t elem, const char *what, 
     return rc;
 }
 
-void free_all(cu_backend *cb) {
-    if (cb->dev >= 0) cudaSetDevice(cb->dev);
+// Waits for the stream and forgets every captured graph.
+void drop_graphs(cu_backend *cb) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     for (int i = 0; i < kMaxGraphs; i++) {
         if (cb->graph[i].exec) cudaGraphExecDestroy(cb->graph[i].exec);
         cb->graph[i] = graph_entry{0, 0, 0, nullptr};
     }
+}
+
+void free_all(cu_backend *cb) {
+    if (cb->dev >= 0) cudaSetDevice(cb->dev);
+    drop_graphs(cb);
     if (cb->sout_h) cudaFreeHost(cb->sout_h);
     cb->sout_h = NULL;
     for (size_t i = 0; i < cb->n_dallocs; i++) cudaFree(cb->dallocs[i]);
@@ -393,7 +398,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc_t(cb, &cb->q, N * cb->QK, 4, "q", err) || dalloc_t(cb, &cb->k, N * cb->QK, 4, "k", err) ||
         dalloc_t(cb, &cb->v, N * cb->VD, 4, "v", err) || dalloc_t(cb, &cb->braw, N * HV, 4, "raw beta", err) ||
         dalloc_t(cb, &cb->qn, N * cb->QK, 4, "q normed", err) ||
-        dalloc_t(cb, &cb->kn, N * cb->QK, 4, "k normed", err) ||
+        dalloc_t(cb, &cb->kn, N * cb->QK, 4, "k normed", err) || dalloc_t(cb, &cb->qk, N * cb->H, 4, "q.k", err) ||
         dalloc_t(cb, &cb->decay, N * HV * K, 4, "decay", err) || dalloc_t(cb, &cb->beta, N * HV, 4, "beta", err) ||
         dalloc_t(cb, &cb->o, N * cb->VD, 4, "recurrence output", err) ||
         dalloc(cb, &cb->ob, N * cb->VD, as, "gated norm output", err) ||
@@ -593,7 +598,7 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
     a.rec_u = cb->lrec_u ? cb->rec_u + (size_t)l * cb->lrec_u : NULL;
     a.rec_kg = cb->lrec_kg ? cb->rec_kg + (size_t)l * cb->lrec_kg : NULL;
     a.stored = cb->lstored ? cb->stored + (size_t)l * cb->lstored : NULL;
-    a.qn = cb->qn, a.kn = cb->kn, a.decay = cb->decay, a.beta = cb->beta, a.v = cb->v;
+    a.qn = cb->qn, a.kn = cb->kn, a.qk = cb->qk, a.decay = cb->decay, a.beta = cb->beta, a.v = cb->v;
     a.o = cb->o;
     a.work = cb->kda_work;
     return a;
@@ -745,7 +750,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
         KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw, cb->braw,
                            Ly->A_log, Ly->dt_bias, c->use_lower_bound, (float)c->lower_bound, c->allow_neg_eigval,
-                           cb->qn, cb->kn, cb->decay, cb->beta, s));
+                           cb->qn, cb->kn, cb->qk, cb->decay, cb->beta, s));
         if (nv) {
             kd_kda_args a = layer_args(cb, l);
             a.n_rows = nv, a.rows = d_vrows;
@@ -1012,6 +1017,15 @@ extern "C" int kd_cuda_set_graphs(kd_backend *b, int on) {
     cu_backend *cb = as_cuda(b);
     if (!cb) return -1;
     cb->graphs = on ? 1 : 0;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb) return -1;
+    if (cb->dev >= 0) cudaSetDevice(cb->dev);
+    drop_graphs(cb);
+    kd_kda_pdl(on ? 1 : 0);
     return 0;
 }
 

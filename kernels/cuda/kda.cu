@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/kda.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace {
 
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     const int T = row.len, F = row.fold;
     float *wq = smem, *wk = wq + T * KP, *wd = wk + T * KP, *fk = wd + T * KP, *fd = fk + Tw * KP;
     float *sv = fd + Tw * KP, *su = sv + T * CB, *sb = su + Tw * CB; // v [T][CB], u [F][CB], beta [T]
+    float *skq = sb + 16;                                             // qk [T] (deferred)
     const size_t slot = (size_t)row.slot, hkv = (size_t)K * V;
     // the state first: its loads are in flight while the block stages the rest
     float *S = a.state + slot * kda_sstride(a) + h * hkv;
@@ -140,8 +142,8 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     // B = 1 the staging's waits and index arithmetic, not the state's arithmetic, were the
     // time). Group A is what earlier steps and kernels wrote (v, the records): it is issued,
     // with the state's loads, before pdl_wait, so under a programmatic launch it overlaps the
-    // kernel before (kd_kda_prepare, which writes only qn, kn, decay and beta); group B (those
-    // four) comes after the wait, and lands while the block folds. The records are the
+    // kernel before (kd_kda_prepare, which writes only qn, kn, qk, decay and beta); group B
+    // (those five) comes after the wait, and lands while the block folds. The records are the
     // normalised keys and decays of the last window as prepare made them: the fold needs no
     // arithmetic of its own before it starts.
     const int tid = threadIdx.x;
@@ -187,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
         }
     }
     if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    if (!STORE_ALL && tid >= 32 && tid < 32 + T) cp_async4(skq + tid - 32, a.qk + ((size_t)row.start + tid - 32) * a.H + hk);
     cp_async_commit();
     if (fold) {
         cp_async_wait1(); // group A
@@ -221,36 +224,35 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     if constexpr (!STORE_ALL) {
         // Deferred: no state after the window is kept, so each position is one pass over the
         // lane's rows and one round of shuffles. With S' = D_t S (S as the last position left
-        // it): u_t = beta_t (v_t - k_t.S'), o_t = q_t.(S' + k_t u_t) = q_t.S' + (q_t.k_t) u_t, so
-        // k.S', q.S' and q.k are summed side by side; the rank-one update k_t u_t is applied
-        // as the next position's pass starts (and never after the last).
-        float pu[NC];
+        // it): u_t = beta_t (v_t - k_t.S'), o_t = q_t.(S' + k_t u_t) = q_t.S' + (q_t.k_t) u_t
+        // (q_t.k_t from kd_kda_prepare), so k.S' and q.S' are summed side by side; the rank-one
+        // update k_t u_t is applied as the next position's pass starts (and never after the
+        // last), with k_t kept in registers.
+        float pu[NC], pk[KR];
         for (int t = 0; t < T; t++) {
             const size_t n = (size_t)row.start + t;
             const float4 *d4 = (const float4 *)(wd + t * KP + c0), *k4 = (const float4 *)(wk + t * KP + c0);
-            const float4 *q4 = (const float4 *)(wq + t * KP + c0), *p4 = (const float4 *)(wk + (t - 1) * KP + c0);
-            float ks[P][NC], qs[P][NC], kq[P];
+            const float4 *q4 = (const float4 *)(wq + t * KP + c0);
+            float ks[P][NC], qs[P][NC];
 #pragma unroll
-            for (int p = 0; p < P; p++) {
-                kq[p] = 0.f;
+            for (int p = 0; p < P; p++)
 #pragma unroll
                 for (int m = 0; m < NC; m++) ks[p][m] = 0.f, qs[p][m] = 0.f;
-            }
             if (t > 0) {
 #pragma unroll
                 for (int i4 = 0; i4 < KR / 4; i4++) {
-                    const float4 d = d4[i4], kk = k4[i4], q = q4[i4], pk = p4[i4];
+                    const float4 d = d4[i4], kk = k4[i4], q = q4[i4];
                     const float dd[4] = {d.x, d.y, d.z, d.w}, kv[4] = {kk.x, kk.y, kk.z, kk.w};
-                    const float qv[4] = {q.x, q.y, q.z, q.w}, pv[4] = {pk.x, pk.y, pk.z, pk.w};
+                    const float qv[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        kq[e % P] += kv[e] * qv[e];
 #pragma unroll
                         for (int m = 0; m < NC; m++) {
-                            float x = (st[4 * i4 + e][m] + pv[e] * pu[m]) * dd[e];
+                            float x = (st[4 * i4 + e][m] + pk[4 * i4 + e] * pu[m]) * dd[e];
                             st[4 * i4 + e][m] = x;
                             ks[e % P][m] += x * kv[e], qs[e % P][m] += x * qv[e];
                         }
+                        pk[4 * i4 + e] = kv[e];
                     }
                 }
             } else {
@@ -261,25 +263,22 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
                     const float qv[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        kq[e % P] += kv[e] * qv[e];
 #pragma unroll
                         for (int m = 0; m < NC; m++) {
                             float x = st[4 * i4 + e][m] * dd[e];
                             st[4 * i4 + e][m] = x;
                             ks[e % P][m] += x * kv[e], qs[e % P][m] += x * qv[e];
                         }
+                        pk[4 * i4 + e] = kv[e];
                     }
                 }
             }
-#pragma unroll
-            for (int p = 1; p < P; p++) kq[0] += kq[p];
-            kq[0] = group_sum<R>(kq[0]);
 #pragma unroll
             for (int m = 0; m < NC; m++) {
 #pragma unroll
                 for (int p = 1; p < P; p++) ks[0][m] += ks[p][m], qs[0][m] += qs[p][m];
                 pu[m] = sb[t] * (sv[t * CB + jl + m] - group_sum<R>(ks[0][m]));
-                qs[0][m] = group_sum<R>(qs[0][m]) + kq[0] * pu[m];
+                qs[0][m] = group_sum<R>(qs[0][m]) + skq[t] * pu[m];
             }
             if (live && part == 0) {
 #pragma unroll
@@ -571,25 +570,30 @@ __global__ void commit_store_all_kernel(const kd_kda_args a) {
 // Per token and head: q, k normalised (q scaled), decay, beta.
 __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *q, const float *k, const float *graw,
                                const float *braw, const float *A_log, const float *dt_bias, int32_t use_lb, float lb,
-                               int32_t neg, float *qn, float *kn, float *decay, float *beta) {
+                               int32_t neg, float *qn, float *kn, float *qk, float *decay, float *beta) {
+    kd_dep_start();
     const size_t n = blockIdx.x;
     const int h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    __shared__ float red[2][32];
-    if (h < H) { // q and k of key head h
+    __shared__ float red[3][32];
+    if (h < H) { // q and k of key head h, and their product
         const float *qi = q + (n * H + h) * K, *ki = k + (n * H + h) * K;
-        float sq = 0.f, sk = 0.f;
-        for (int c = threadIdx.x; c < K; c += blockDim.x) sq += qi[c] * qi[c], sk += ki[c] * ki[c];
+        float sq = 0.f, sk = 0.f, sqk = 0.f;
+        for (int c = threadIdx.x; c < K; c += blockDim.x) sq += qi[c] * qi[c], sk += ki[c] * ki[c], sqk += qi[c] * ki[c];
 #pragma unroll
-        for (int m = 16; m >= 1; m /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, m), sk += __shfl_xor_sync(0xffffffffu, sk, m);
-        if (lane == 0) red[0][warp] = sq, red[1][warp] = sk;
+        for (int m = 16; m >= 1; m /= 2) {
+            sq += __shfl_xor_sync(0xffffffffu, sq, m), sk += __shfl_xor_sync(0xffffffffu, sk, m);
+            sqk += __shfl_xor_sync(0xffffffffu, sqk, m);
+        }
+        if (lane == 0) red[0][warp] = sq, red[1][warp] = sk, red[2][warp] = sqk;
         __syncthreads();
-        sq = sk = 0.f;
-        for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sq += red[0][w], sk += red[1][w];
+        sq = sk = sqk = 0.f;
+        for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sq += red[0][w], sk += red[1][w], sqk += red[2][w];
         const float iq = rsqrtf(sq + 1e-6f) * rsqrtf((float)K), ik = rsqrtf(sk + 1e-6f);
         for (int c = threadIdx.x; c < K; c += blockDim.x) {
             qn[(n * H + h) * K + c] = qi[c] * iq;
             kn[(n * H + h) * K + c] = ki[c] * ik;
         }
+        if (qk && threadIdx.x == 0) qk[n * H + h] = sqk * iq * ik;
     }
     if (h < HV) { // decay and beta of value head h
         const float A = expf(A_log[h]);
@@ -1440,9 +1444,7 @@ int g_closed_form;
  * (kd_kda_pdl(0): plain stream order): its blocks start while that kernel finishes and load
  * everything it cannot have written (see verify_kernel). The contract: the kernel right
  * before kd_kda_verify in the stream writes none of the state, the records or v (the
- * backend's is kd_kda_prepare, which writes qn, kn, decay and beta). */
-int g_pdl = 1;
-
+ * backend's is kd_kda_prepare, which writes qn, kn, qk, decay and beta). */
 template <typename F>
 cudaError_t launch_pdl(F f, dim3 grid, size_t sm, cudaStream_t s, const kd_kda_args *a) {
     if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
@@ -1451,7 +1453,7 @@ cudaError_t launch_pdl(F f, dim3 grid, size_t sm, cudaStream_t s, const kd_kda_a
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
-    if (g_pdl) cfg.attrs = at, cfg.numAttrs = 1;
+    if (kd_cuda_pdl) cfg.attrs = at, cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, f, *a);
 }
 
@@ -1459,7 +1461,7 @@ template <int KR, int R, int NC>
 cudaError_t launch_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s) {
     constexpr int K = KR * R, CB = kThreads / R * NC;
     dim3 grid((a->V + CB - 1) / CB, a->HV, a->n_rows);
-    const size_t sm = ((size_t)(3 * max_len + 2 * a->Tw) * (K + 4 * R) + (size_t)(max_len + a->Tw) * CB + 16) * sizeof(float);
+    const size_t sm = ((size_t)(3 * max_len + 2 * a->Tw) * (K + 4 * R) + (size_t)(max_len + a->Tw) * CB + 32) * sizeof(float);
     if (mode == KD_KDA_STORE_ALL) {
         return launch_pdl(verify_kernel<KR, R, NC, true>, grid, sm, s, a);
     } else if (!g_closed_form) {
@@ -1652,18 +1654,21 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
 
 } // namespace
 
+int kd_cuda_pdl = 1;
+
 extern "C" void kd_kda_force_r(int r) { g_force_r = r; }
 extern "C" void kd_kda_closed_form(int on) { g_closed_form = on; }
 extern "C" void kd_kda_tensor_cores(int on, int warps) { g_tc = on, g_tc_warps = warps; }
 extern "C" void kd_kda_split(int mode) { g_split = mode; }
-extern "C" void kd_kda_pdl(int on) { g_pdl = on; }
+extern "C" void kd_kda_pdl(int on) { kd_cuda_pdl = on; }
 extern "C" size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw) {
     return (size_t)n_rows * HV * tc_work_floats(K, (Tw + 7) / 8 * 8);
 }
 
 extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream) {
     if (a->n_rows == 0) return 0;
-    if (a->Tw > 16 || max_len > a->Tw || max_len < 1) return (int)cudaErrorInvalidValue;
+    if (a->Tw > 16 || max_len > a->Tw || max_len < 1 || (mode == KD_KDA_DEFERRED && !a->qk))
+        return (int)cudaErrorInvalidValue;
     return dispatch<false>(a, mode, max_len, (cudaStream_t)stream);
 }
 
@@ -1680,12 +1685,10 @@ extern "C" int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *strea
 extern "C" int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const float *q, const float *k,
                               const float *graw, const float *braw, const float *A_log, const float *dt_bias,
                               int32_t use_lower_bound, float lower_bound, int32_t allow_neg_eigval, float *qn,
-                              float *kn, float *decay, float *beta, void *stream) {
+                              float *kn, float *qk, float *decay, float *beta, void *stream) {
     if (N == 0) return 0;
     dim3 grid(N, H > HV ? H : HV);
     const int threads = K >= 128 ? 128 : (K + 31) / 32 * 32;
-    prepare_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(H, HV, K, q, k, graw, braw, A_log, dt_bias,
-                                                               use_lower_bound, lower_bound, allow_neg_eigval, qn, kn,
-                                                               decay, beta);
-    return (int)cudaGetLastError();
+    return (int)kd_launch_dep(prepare_kernel, grid, dim3(threads), 0, (cudaStream_t)stream, H, HV, K, q, k, graw, braw,
+                              A_log, dt_bias, use_lower_bound, lower_bound, allow_neg_eigval, qn, kn, qk, decay, beta);
 }

@@ -102,6 +102,7 @@ typedef struct kd_kda_args {
     // per token of the batch (verify): normalised q (scaled) and k, decay exp(g), beta, v
     // (kd_kda_prepare's outputs; the verify copies kn and decay into the records)
     const float *qn, *kn;      // [N][H][K]
+    const float *qk;           // [N][H]: qn . kn (deferred)
     const float *decay;        // [N][HV][K]
     const float *beta;         // [N][HV]
     const float *v;            // [N][HV][V]
@@ -140,12 +141,13 @@ size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw);
 // Commits: fold rows[i].len records into the checkpoint (and snapshot), deferred/eager
 // records, or copy stored[len-1] (store-all).
 int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream);
-// The per-token prologue of a window: q, k L2-normalised (q scaled by K^-1/2), the decay
-// exp(g) from the raw gate, beta = sigmoid(b) (x2 with negative eigenvalues).
+// The per-token prologue of a window: q, k L2-normalised (q scaled by K^-1/2), their product
+// qk (may be NULL), the decay exp(g) from the raw gate, beta = sigmoid(b) (x2 with negative
+// eigenvalues).
 int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const float *q, const float *k,
                    const float *graw, const float *braw, const float *A_log, const float *dt_bias,
                    int32_t use_lower_bound, float lower_bound, int32_t allow_neg_eigval, float *qn,
-                   float *kn, float *decay, float *beta, void *stream);
+                   float *kn, float *qk, float *decay, float *beta, void *stream);
 
 #ifdef __cplusplus
 }

@@ -135,9 +135,10 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     float *q = dalloc<float>(maxN * H * K), *k = dalloc<float>(maxN * H * K), *v = dalloc<float>(maxN * HV * V);
     float *g = dalloc<float>(maxN * HV * K), *b = dalloc<float>(maxN * HV);
     float *qn = dalloc<float>(maxN * H * K), *kn = dalloc<float>(maxN * H * K), *dec = dalloc<float>(maxN * HV * K);
+    float *qk = dalloc<float>(maxN * H);
     float *beta = dalloc<float>(maxN * HV), *o = dalloc<float>(maxN * HV * V), *snap = dalloc<float>(B * per);
     kd_kda_row *drows = dalloc<kd_kda_row>(B);
-    a.qn = qn, a.kn = kn, a.decay = dec, a.beta = beta, a.v = v, a.o = o, a.rows = drows;
+    a.qn = qn, a.kn = kn, a.qk = qk, a.decay = dec, a.beta = beta, a.v = v, a.o = o, a.rows = drows;
     std::vector<std::vector<Tok>> last(B);
     std::vector<int> pending(B, 0), parity(B, 0);
     double worst_o = 0, worst_s = 0;
@@ -183,7 +184,8 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
         CK(cudaMemset(kn, 0xff, (size_t)N * H * K * 4));
         CK(cudaMemset(dec, 0xff, (size_t)N * HV * K * 4));
         CK(cudaMemset(beta, 0xff, (size_t)N * HV * 4));
-        CK((cudaError_t)kd_kda_prepare(N, H, HV, K, q, k, g, b, dA, ddt, s.lb, (float)s.lbv, s.neg, qn, kn, dec, beta, 0));
+        CK(cudaMemset(qk, 0xff, (size_t)N * H * 4));
+        CK((cudaError_t)kd_kda_prepare(N, H, HV, K, q, k, g, b, dA, ddt, s.lb, (float)s.lbv, s.neg, qn, kn, qk, dec, beta, 0));
         CK((cudaError_t)kd_kda_verify(&a, mode, maxT, 0));
         CK(cudaDeviceSynchronize());
         std::vector<float> og = down(o, (size_t)N * HV * V);
@@ -238,7 +240,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
            ss == per ? "" : " strided", worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
     cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored), cudaFree(a.work), cudaFree(dA), cudaFree(ddt);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(b), cudaFree(qn), cudaFree(kn), cudaFree(dec);
-    cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
+    cudaFree(qk), cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
     return bad;
 }
 
@@ -389,15 +391,16 @@ int main(int argc, char **argv) {
         const int slots = B + 1;
         kd_kda_row *drows = dalloc<kd_kda_row>(B);
         const int N = B * Tw;
-        float *tok = dalloc<float>((size_t)N * (2 * H * K + HV * K + HV * V + HV + HV * V));
+        float *tok = dalloc<float>((size_t)N * (2 * H * K + H + HV * K + HV * V + HV + HV * V));
         {
-            std::vector<float> h((size_t)N * (2 * H * K + HV * K + HV * V + HV + HV * V));
+            std::vector<float> h((size_t)N * (2 * H * K + H + HV * K + HV * V + HV + HV * V));
             for (auto &x : h) x = (float)(0.3 * nrand());
             up(tok, h);
         }
         float *p = tok;
         const float *qn = p; p += (size_t)N * H * K;
         const float *kn = p; p += (size_t)N * H * K;
+        const float *qk = p; p += (size_t)N * H;
         float *dec = p; p += (size_t)N * HV * K;
         const float *vv = p; p += (size_t)N * HV * V;
         float *bt = p; p += (size_t)N * HV;
@@ -420,7 +423,7 @@ int main(int argc, char **argv) {
             fill(a.stored, (size_t)slots * Tw * per, 0.1f);
             fill(a.rec_u, (size_t)slots * Tw * HV * V, 0.3f);
             fill(a.rec_kg, (size_t)slots * 2 * Tw * HV * 2 * K, 1.f);
-            a.qn = qn, a.kn = kn, a.decay = dec, a.beta = bt, a.v = vv, a.o = o;
+            a.qn = qn, a.kn = kn, a.qk = qk, a.decay = dec, a.beta = bt, a.v = vv, a.o = o;
             bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(a.stored);
         }
         float *copy_dst = dalloc<float>((size_t)L * B * per);

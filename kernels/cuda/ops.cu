@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace {
@@ -67,6 +68,7 @@ __device__ double block_sum(double v) {
 template <class Y>
 __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows, int64_t D,
                                const float *__restrict__ w, double eps) {
+    kd_dep_start();
     constexpr int U = 8;
     const int64_t m = blockIdx.x, nt = blockDim.x;
     const float *xr = x + (rows ? (int64_t)rows[m] : m) * D;
@@ -94,6 +96,7 @@ __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, c
 
 template <class Y>
 __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld, int64_t off, int64_t width) {
+    kd_dep_start();
     GRID_LOOP(i, N * width) {
         const int64_t t = i / width, c = i % width;
         dst[i] = from_f32<Y>(src[t * ld + off + c]);
@@ -105,6 +108,7 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
 __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
                                  const kd_cu_tok *toks, const float *win, int64_t ws, const float *w, int W,
                                  float *xrec, int Tw, float *q, float *k, float *v) {
+    kd_dep_start();
     const int64_t C = 2 * QK + VD, Hw = W - 1;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -135,6 +139,7 @@ __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_
 
 __global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t ws,
                                  const float *xrec, int Tw, const float *proj, int64_t P) {
+    kd_dep_start();
     const int64_t Hw = W - 1;
     GRID_LOOP(i, (int64_t)n_folds * C) {
         const kd_cu_fold f = folds[i / C];
@@ -201,6 +206,7 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
                                      int64_t NH, int HV, int V, double eps) {
+    kd_dep_start();
     const int64_t th = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (th >= NH) return;
@@ -240,6 +246,7 @@ __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, co
 // Grid: x over columns, y over tokens.
 template <class Y>
 __global__ void swiglu_kernel(Y *y, const float *gu, int64_t N, int64_t FF) {
+    kd_dep_start();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= FF) return;
     for (int64_t t = blockIdx.y; t < N; t += gridDim.y) {
@@ -264,19 +271,17 @@ cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *
                           const float *w, double eps, cudaStream_t s) {
     if (M <= 0) return cudaSuccess;
     if (M > 0x7fffffff) return cudaErrorInvalidValue;
-    if (out_bf16) rmsnorm_kernel<<<(unsigned)M, kBlock, 0, s>>>((__nv_bfloat16 *)y, x, rows, D, w, eps);
-    else rmsnorm_kernel<<<(unsigned)M, kBlock, 0, s>>>((float *)y, x, rows, D, w, eps);
-    return cudaGetLastError();
+    if (out_bf16) return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)M), dim3(kBlock), 0, s, (__nv_bfloat16 *)y, x, rows, D, w, eps);
+    return kd_launch_dep(rmsnorm_kernel<float>, dim3((unsigned)M), dim3(kBlock), 0, s, (float *)y, x, rows, D, w, eps);
 }
 
 cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld, int64_t off,
                             int64_t width, cudaStream_t s) {
     if (N <= 0 || width <= 0) return cudaSuccess;
     if (out_bf16)
-        copy_cols_kernel<<<blocks_for(N * width), kBlock, 0, s>>>((__nv_bfloat16 *)dst, src, N, ld, off, width);
-    else
-        copy_cols_kernel<<<blocks_for(N * width), kBlock, 0, s>>>((float *)dst, src, N, ld, off, width);
-    return cudaGetLastError();
+        return kd_launch_dep(copy_cols_kernel<__nv_bfloat16>, dim3(blocks_for(N * width)), dim3(kBlock), 0, s, (__nv_bfloat16 *)dst,
+                      src, N, ld, off, width);
+    return kd_launch_dep(copy_cols_kernel<float>, dim3(blocks_for(N * width)), dim3(kBlock), 0, s, (float *)dst, src, N, ld, off, width);
 }
 
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD, const kd_cu_tok *toks,
@@ -284,17 +289,15 @@ cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK,
                             float *q, float *k, float *v, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (w && W < 1) return cudaErrorInvalidValue;
-    conv_silu_kernel<<<grid_2d(2 * QK + VD, N), kBlock, 0, s>>>(proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw,
-                                                               q, k, v);
-    return cudaGetLastError();
+    return kd_launch_dep(conv_silu_kernel, grid_2d(2 * QK + VD, N), dim3(kBlock), 0, s, proj, P, N, QK, VD, toks, win, win_stride, w, W,
+                  xrec, Tw, q, k, v);
 }
 
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t win_stride,
                             const float *xrec, int Tw, const float *proj, int64_t P, cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
-    conv_fold_kernel<<<blocks_for((int64_t)n_folds * C), kBlock, 0, s>>>(folds, n_folds, C, W, win, win_stride, xrec,
-                                                                        Tw, proj, P);
-    return cudaGetLastError();
+    return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C)), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
+                  win_stride, xrec, Tw, proj, P);
 }
 
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,
@@ -319,15 +322,14 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
     const int64_t blocks = (NH + 3) / 4;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     if (out_bf16)
-        gated_rmsnorm_kernel<<<(unsigned)blocks, 128, 0, s>>>((__nv_bfloat16 *)y, o, gate, bias, w, NH, HV, V, eps);
-    else
-        gated_rmsnorm_kernel<<<(unsigned)blocks, 128, 0, s>>>((float *)y, o, gate, bias, w, NH, HV, V, eps);
-    return cudaGetLastError();
+        return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)blocks), dim3(128), 0, s, (__nv_bfloat16 *)y, o, gate,
+                      bias, w, NH, HV, V, eps);
+    return kd_launch_dep(gated_rmsnorm_kernel<float>, dim3((unsigned)blocks), dim3(128), 0, s, (float *)y, o, gate, bias, w, NH, HV,
+                  V, eps);
 }
 
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
-    if (out_bf16) swiglu_kernel<<<grid_2d(FF, N), kBlock, 0, s>>>((__nv_bfloat16 *)y, gu, N, FF);
-    else swiglu_kernel<<<grid_2d(FF, N), kBlock, 0, s>>>((float *)y, gu, N, FF);
-    return cudaGetLastError();
+    if (out_bf16) return kd_launch_dep(swiglu_kernel<__nv_bfloat16>, grid_2d(FF, N), dim3(kBlock), 0, s, (__nv_bfloat16 *)y, gu, N, FF);
+    return kd_launch_dep(swiglu_kernel<float>, grid_2d(FF, N), dim3(kBlock), 0, s, (float *)y, gu, N, FF);
 }

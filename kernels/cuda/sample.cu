@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sample.cuh"
 
 namespace {
@@ -168,6 +169,7 @@ __device__ __forceinline__ int32_t arg_slice(int32_t V) { return ((V + KD_CU_ARG
 // `beats` never prefers).
 __global__ void __launch_bounds__(kThreads) argmax_part_kernel(const float *logits, int32_t V, int64_t m0,
                                                                const kd_cu_spos *pos, kd_cu_argpart *part) {
+    kd_dep_start();
     __shared__ Shared sh;
     if (pos[m0 + blockIdx.x].row < 0) return; // the whole block
     const int32_t len = arg_slice(V), a = (int32_t)blockIdx.y * len, b = a + len < V ? a + len : V;
@@ -183,6 +185,7 @@ __global__ void __launch_bounds__(kThreads) argmax_part_kernel(const float *logi
 __global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits, int32_t V, int64_t m0,
                                                              const kd_cu_spos *pos, kd_cu_sres *res,
                                                              const kd_cu_argpart *part) {
+    kd_dep_start();
     __shared__ Shared sh;
     const int64_t m = m0 + blockIdx.x;
     const kd_cu_spos p = pos[m];
@@ -289,6 +292,7 @@ __global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits
 
 __global__ void finish_kernel(const kd_cu_srow *rows, int n_rows, const kd_cu_spos *pos, const kd_cu_sres *res,
                               int Tw, int32_t *out) {
+    kd_dep_start();
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n_rows) return;
     const kd_cu_srow w = rows[r];
@@ -313,14 +317,16 @@ cudaError_t kd_cu_sample_positions(const float *logits, int32_t vocab, int64_t m
                                    kd_cu_sres *res, kd_cu_argpart *part, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
     if (n > 0x7fffffff || vocab < 1) return cudaErrorInvalidValue;
-    argmax_part_kernel<<<dim3((unsigned)n, KD_CU_ARG_SLICES), kThreads, 0, s>>>(logits, vocab, m0, pos, part);
-    positions_kernel<<<(unsigned)n, kThreads, 0, s>>>(logits, vocab, m0, pos, res, part);
-    return cudaGetLastError();
+    const cudaError_t e = kd_launch_dep(argmax_part_kernel, dim3((unsigned)n, KD_CU_ARG_SLICES), dim3(kThreads), 0, s,
+                                        logits, vocab, m0, pos, part);
+    if (e != cudaSuccess) return e;
+    return kd_launch_dep(positions_kernel, dim3((unsigned)n), dim3(kThreads), 0, s, logits, vocab, m0, pos, res,
+                         (const kd_cu_argpart *)part);
 }
 
 cudaError_t kd_cu_sample_finish(const kd_cu_srow *rows, int n_rows, const kd_cu_spos *pos, const kd_cu_sres *res,
                                 int Tw, int32_t *out, cudaStream_t s) {
     if (n_rows <= 0) return cudaSuccess;
-    finish_kernel<<<(unsigned)((n_rows + 127) / 128), 128, 0, s>>>(rows, n_rows, pos, res, Tw, out);
-    return cudaGetLastError();
+    return kd_launch_dep(finish_kernel, dim3((unsigned)((n_rows + 127) / 128)), dim3(128), 0, s, rows, n_rows, pos, res,
+                         Tw, out);
 }

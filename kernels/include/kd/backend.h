@@ -226,6 +226,10 @@ kd_backend *kd_backend_create(const char *name, int act_bf16, kd_err *err);
  * batch of a shape runs eagerly, the second captures it. On by default, off with
  * the environment KDECODE_CUDA_GRAPHS=0 at creation or kd_cuda_set_graphs(b, 0). */
 int kd_cuda_set_graphs(kd_backend *b, int on);
+/* Programmatic dependent launches between the CUDA backend's kernels (on by default; see
+ * kernels/cuda/launch.cuh), or plain stream order: process-wide; drops the captured graphs
+ * (the next batches capture them again). Benchmarks. */
+int kd_cuda_set_pdl(kd_backend *b, int on);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as

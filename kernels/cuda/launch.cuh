@@ -1,0 +1,37 @@
+// launch.cuh: programmatic dependent launches of the CUDA backend's kernels.
+//
+// A kernel launched with kd_launch_dep starts with kd_dep_start(): it waits for the kernel
+// before it in the stream to finish and its writes to be visible (griddepcontrol.wait; a
+// no-op in plain stream order), then lets the kernel after it be scheduled
+// (griddepcontrol.launch_dependents). The next kernel's blocks are thus set up while this one
+// runs (inside a CUDA graph too: the capture keeps the programmatic edges), but none of them
+// reads anything before its own wait, and a kernel is only scheduled once the kernel before
+// it has passed its wait: the chain keeps stream order for every byte. The CUDA-core KDA
+// verify, which loads before its wait, relies on the last point (kda.cu: what it loads early
+// was written two or more kernels back, so it is complete once its predecessor has started).
+#ifndef KD_CUDA_LAUNCH_CUH
+#define KD_CUDA_LAUNCH_CUH
+
+#include <cuda_runtime.h>
+
+// 1 (the default): launches are programmatic; 0: plain stream order (kd_kda_pdl; benchmarks).
+// Defined in kda.cu.
+extern int kd_cuda_pdl;
+
+__device__ __forceinline__ void kd_dep_start() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+template <typename... Kp, typename... Ap>
+inline cudaError_t kd_launch_dep(void (*f)(Kp...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Ap... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (kd_cuda_pdl) cfg.attrs = at, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, f, args...);
+}
+
+#endif
