@@ -597,10 +597,10 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
     a.slot_stride = cb->sstride;
     a.rec_u = cb->lrec_u ? cb->rec_u + (size_t)l * cb->lrec_u : NULL;
     a.rec_kg = cb->lrec_kg ? cb->rec_kg + (size_t)l * cb->lrec_kg : NULL;
-    a.stored = cb->lstored ? cb->stored + (size_t)l * cb->lstored : NULL;
+    if (cb->lstored) a.stored = cb->stored + (size_t)l * cb->lstored; // store-all
+    else a.work = cb->kda_work;                                      // deferred (a union with stored)
     a.qn = cb->qn, a.kn = cb->kn, a.qk = cb->qk, a.decay = cb->decay, a.beta = cb->beta, a.v = cb->v;
     a.o = cb->o;
-    a.work = cb->kda_work;
     return a;
 }
 

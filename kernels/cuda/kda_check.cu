@@ -126,9 +126,12 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     up(a.state, st0);
     a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
     a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
-    a.stored = mode == KD_KDA_STORE_ALL ? dalloc<float>((size_t)slots * Tw * per) : nullptr;
-    a.work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw));
-    CK(cudaMemset(a.work, 0xff, kd_kda_work_floats(B, HV, K, Tw) * 4)); // NaN: read only what is written
+    if (mode == KD_KDA_STORE_ALL) {
+        a.stored = dalloc<float>((size_t)slots * Tw * per);
+    } else {
+        a.work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw));
+        CK(cudaMemset(a.work, 0xff, kd_kda_work_floats(B, HV, K, Tw) * 4)); // NaN: read only what is written
+    }
     float *dA = dalloc<float>(HV), *ddt = dalloc<float>(HV * K);
     up(dA, A_f), up(ddt, dt_f);
     const int maxN = B * Tw;
@@ -238,7 +241,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s: o rel err %.2e, state/snapshot rel err %.2e%s  %s\n",
            mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg,
            ss == per ? "" : " strided", worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
-    cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored), cudaFree(a.work), cudaFree(dA), cudaFree(ddt);
+    cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored) /* or a.work */, cudaFree(dA), cudaFree(ddt);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(b), cudaFree(qn), cudaFree(kn), cudaFree(dec);
     cudaFree(qk), cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
     return bad;
@@ -411,6 +414,7 @@ int main(int argc, char **argv) {
             for (auto &x : hb) x = (float)urand();
             up(dec, hd), up(bt, hb);
         }
+        std::vector<float *> stored(L); // each layer's stored states (store-all; a union with work)
         for (int l = 0; l < L; l++) {
             kd_kda_args &a = la[l];
             a = {};
@@ -418,17 +422,16 @@ int main(int argc, char **argv) {
             a.state = dalloc<float>((size_t)slots * per);
             a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
             a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
-            a.stored = dalloc<float>((size_t)slots * Tw * per);
+            stored[l] = dalloc<float>((size_t)slots * Tw * per);
             fill(a.state, (size_t)slots * per, 0.1f);
-            fill(a.stored, (size_t)slots * Tw * per, 0.1f);
+            fill(stored[l], (size_t)slots * Tw * per, 0.1f);
             fill(a.rec_u, (size_t)slots * Tw * HV * V, 0.3f);
             fill(a.rec_kg, (size_t)slots * 2 * Tw * HV * 2 * K, 1.f);
             a.qn = qn, a.kn = kn, a.qk = qk, a.decay = dec, a.beta = bt, a.v = vv, a.o = o;
-            bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(a.stored);
+            bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(stored[l]);
         }
         float *copy_dst = dalloc<float>((size_t)L * B * per);
         float *work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw)); // one work space for every layer
-        for (int l = 0; l < L; l++) la[l].work = work;
         for (int T : Ts) {
             if (prof_b && T != prof_t) continue;
             std::vector<kd_kda_row> rows(B);
@@ -447,6 +450,10 @@ int main(int argc, char **argv) {
                 kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 ? 3 : what == 10 ? 5 : g_split_default);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
+                for (int l = 0; l < L; l++) {
+                    if (what == 2) la[l].stored = stored[l];
+                    else la[l].work = work;
+                }
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                 for (int l = 0; l < L; l++) {
                     if (what == 0)
