@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     load_tile<KR, NC>(st, src, r0, j, V, live);
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
     float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
-    const bool fold = !STORE_ALL && F > 0, rec = !STORE_ALL && blockIdx.x == 0;
+    const bool fold = !STORE_ALL && F > 0;
     // Staging by asynchronous copies: every load in flight at once with the state's, no
     // registers held, little address arithmetic (16 bytes a copy when the arrays allow it; at
     // B = 1 the staging's waits and index arithmetic, not the state's arithmetic, were the
@@ -204,20 +204,6 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     }
     cp_async_wait(); // group B
     __syncthreads();
-    if (rec) { // the window's keys and decays, from shared memory: the next step's fold records
-        const bool al4 = ((uintptr_t)kg_new & 15) == 0;
-        for (int i = tid; i < T * 2 * K4; i += kThreads) {
-            const int t = i / (2 * K4), c = i % (2 * K4) * 4;
-            const float *src = c < K ? wk + pidx<KR, R>(t, c) : wd + pidx<KR, R>(t, c - K);
-            float *dst = kg_new + ((size_t)t * a.HV + h) * 2 * K + c;
-            if (al4) {
-                *(float4 *)dst = *(const float4 *)src;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++) dst[e] = src[e];
-            }
-        }
-    }
     // the window, from registers; with one column a lane, its K-row sums run as P independent
     // chains (the serial FMA latency of KR rows was a third of a B = 1 step)
     constexpr int P = NC == 1 ? 4 : 1;
@@ -285,6 +271,20 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
                     a.o[(n * a.HV + h) * V + j + m] = qs[0][m];
                     a.rec_u[((slot * Tw + t) * a.HV + h) * V + j + m] = pu[m];
                 }
+            }
+        }
+        // the window's keys and decays, from shared memory: the next step's fold records,
+        // shared out among the head's blocks, after the window (off its serial chain)
+        const bool al4 = ((uintptr_t)kg_new & 15) == 0;
+        for (int i = blockIdx.x * kThreads + tid; i < T * 2 * K4; i += gridDim.x * kThreads) {
+            const int t = i / (2 * K4), c = i % (2 * K4) * 4;
+            const float *src = c < K ? wk + pidx<KR, R>(t, c) : wd + pidx<KR, R>(t, c - K);
+            float *dst = kg_new + ((size_t)t * a.HV + h) * 2 * K + c;
+            if (al4) {
+                *(float4 *)dst = *(const float4 *)src;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) dst[e] = src[e];
             }
         }
     } else { // store-all: every position's state is stored, so it is updated in place
@@ -1634,10 +1634,11 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
     }
     const long narrow_blocks = (long)a->n_rows * a->HV * ((a->V + 31) / 32);
     int r = g_force_r;
-    /* small grids (B <= 2 at HV = 32): R = 4, or R = 8 (twice the blocks) for windows of up to
-     * 2 tokens, where the shorter per-lane chains win (H200: B = 1, T = 1 / 2: 5.2 / 5.9 us
-     * against 5.8 / 6.3; equal at T = 4, slower at T = 8; the store-all verify keeps R = 4) */
-    if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : !COMMIT && mode == KD_KDA_DEFERRED && max_len <= 2 ? 8 : 4);
+    /* small grids (B <= 2 at HV = 32): R = 4 (H200, B = 1, deferred, T = 1 / 2 / 4 / 8: 3.5 /
+     * 4.0 / 5.0 / 7.1 us against 4.7 / 5.3 / 6.7 / 9.1 with R = 8, and 4.7 / 5.0 / 6.1 / 7.6
+     * with R = 8 lanes of 2 columns; R = 8 had been faster for windows of up to 2 before the
+     * window took one pass a position) */
+    if (!r) r = a->V % 4 == 0 && a->K % 64 == 0 && narrow_blocks >= 512 ? 16 : (narrow_blocks >= 256 ? 2 : 4);
     if (r == 16 && (a->V % 4 || a->K % 64)) r = 4;
     while (r != 16 && a->K / r > 64) r *= 2;
     while (r != 16 && r > 1 && a->K / r < 8) r /= 2;

@@ -442,10 +442,11 @@ int main(int argc, char **argv) {
              * CUDA-core kernels, 6 the one-kernel tensor-core verify (4 warps, 4 blocks per SM),
              * 7 the split verify, 8 the one-pass verify, 9 the copy kernel, 10 the split verify
              * with half the state through shared memory, 11 the CUDA-core verify in plain stream
-             * order (not a programmatic dependent launch), 12 its tile forced to R = 8 (B <= 8) */
-            for (int what = 0; what < (B <= 8 ? 13 : 11); what++) {
+             * order (not a programmatic dependent launch), 12 / 13 its tile forced to R = 8 / 4
+             * (B <= 8) */
+            for (int what = 0; what < (B <= 8 ? 14 : 11); what++) {
                 kd_kda_tensor_cores(what == 4 || what == 5 || what >= 11 ? 0 : 1, what == 6 ? 4 : 0);
-                kd_kda_force_r(what == 12 ? 8 : 0);
+                kd_kda_force_r(what == 12 ? 8 : what == 13 ? 4 : 0);
                 kd_kda_pdl(what != 11);
                 kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 ? 3 : what == 10 ? 5 : g_split_default);
                 cudaGraph_t gph;
@@ -474,7 +475,7 @@ int main(int argc, char **argv) {
                                  &rr.fused_us, &rr.split_us, &rr.onepass_us, &rr.copyk_us, &rr.half_us};
                 if (what < 11) *dst[what] = us;
                 else printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T,
-                            what == 11 ? "plain stream order" : "R = 8", us);
+                            what == 11 ? "plain stream order" : what == 12 ? "R = 8" : "R = 4", us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
             kd_kda_tensor_cores(1, 0);
