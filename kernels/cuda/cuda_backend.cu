@@ -110,7 +110,7 @@ struct cu_backend {
     float *S, *win, *xrec, *rec_u, *rec_kg, *stored;
     int64_t lS, lwin, lxrec, lrec_u, lrec_kg, lstored; // per-layer strides (elements)
     int64_t sstride;                                   // slot stride of S and win (elements)
-    int32_t *kg_read; // host [slots1]: which key/gate buffer holds the slot's last window
+    int32_t *kg_read; // host [slots1]: which key/decay buffer holds the slot's last window
     // work space
     float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *qk, *decay, *beta, *o, *gu, *lg, *snap;
     float *kda_work; // kd_kda_args.work: the verify's per (row, head) prologue, shared by the layers
@@ -387,7 +387,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     if (dalloc_t(cb, &cb->S, S1 * cb->sstride, 4, "recurrent states and conv windows", err) ||
         dalloc_t(cb, &cb->xrec, L * cb->lxrec, 4, "conv input records", err) ||
         dalloc_t(cb, &cb->rec_u, L * cb->lrec_u, 4, "correction records", err) ||
-        dalloc_t(cb, &cb->rec_kg, L * cb->lrec_kg, 4, "key/gate records", err) ||
+        dalloc_t(cb, &cb->rec_kg, L * cb->lrec_kg, 4, "key/decay records", err) ||
         dalloc_t(cb, &cb->stored, L * cb->lstored, 4, "stored window states", err) ||
         dalloc_t(cb, &cb->x, N * cb->D, 4, "residual stream", err) ||
         dalloc(cb, &cb->h, N * cb->D, as, "normed hidden", err) ||
@@ -792,7 +792,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     return 0;
 }
 
-// After the stream ran a forward of these rows: a verify wrote its key/gate records into
+// After the stream ran a forward of these rows: a verify wrote its key/decay records into
 // the slot's other buffer.
 void after_forward(cu_backend *cb, const kd_batch *batch, int pad_rows) {
     if (kda_mode(cb) != KD_KDA_DEFERRED) return;

@@ -1303,7 +1303,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // columns): 8 warps. The state tile goes to shared memory by asynchronous copies (no
 // registers held), while the block's two halves compute the prologue: threads [0, 128)
 // the records (norms, decays, fold weights), threads [128, 256) the window (decayed keys
-// and queries, M and N; they also copy the new key/gate records), each half synchronised
+// and queries, M and N; they also copy the new key/decay records), each half synchronised
 // by its own named barrier. Then each warp takes its 16 columns of the state into
 // registers (the mma accumulator layout), folds, stores, and runs the window product; the
 // solve follows. Nothing goes through a work space in device memory.

@@ -83,7 +83,7 @@ typedef struct kd_kda_row {
     int32_t len;      // window tokens (verify) or tokens to commit (commit)
     int32_t fold;     // verify: pending tokens of the last window to fold first
     int32_t snap_at;  // commit: write the state after this many tokens (0: none)
-    int32_t kg_read;  // which of the slot's two key/gate record buffers holds the last window
+    int32_t kg_read;  // which of the slot's two key/decay record buffers holds the last window
                       // (the fold reads it; a verify writes the other: blocks of one head
                       // read the old records while another block writes the new ones)
     float *snap;      // commit: where ([HV][K][V] fp32)
