@@ -1,4 +1,5 @@
 /* main.c: the `kdecode` program: subcommands over the engine and the model tools. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,11 +29,13 @@ static void usage(FILE *f) {
  * 28-34 ms without, tails of ~50 ms down to ~40; the decode step unchanged;
  * tests/bench/results/handoff_cpu.md). The library reads OPENBLAS_THREAD_TIMEOUT once, as it
  * loads (before main), so `serve` sets it (2^4 cycles: sleep at once) and executes itself
- * again (same process id), unless the operator has set it. Without /proc the variable is
- * set, has no effect, and serve goes on. */
+ * again (same process id), unless the operator has set it. If that fails (no /proc, say),
+ * the variable is set but has no effect, and serve goes on: it says so in its log
+ * (KDECODE_REEXEC_FAILED carries the reason to the server, which logs after its options). */
 static void quiet_blas_threads(char **argv) {
     if (getenv("OPENBLAS_THREAD_TIMEOUT") || setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
     execv("/proc/self/exe", argv);
+    setenv("KDECODE_REEXEC_FAILED", strerror(errno), 1);
 }
 
 int main(int argc, char **argv) {

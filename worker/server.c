@@ -3372,6 +3372,12 @@ int kd_serve_main(int argc, char **argv) {
     fflush(stdout);
     logf_("listening", "address=%s port=%d tls=%s mtls=%s", o->listen, port, o->tls_cert ? "yes" : "no",
           o->tls_client_ca ? "yes" : "no");
+    if (getenv("KDECODE_REEXEC_FAILED")) { /* worker/main.c: quiet_blas_threads */
+        logf_("blas_threads", "could not execute itself again (%s): OpenBLAS's helper threads keep spinning "
+              "after each call; set OPENBLAS_THREAD_TIMEOUT=4 in the environment to stop that",
+              getenv("KDECODE_REEXEC_FAILED"));
+        unsetenv("KDECODE_REEXEC_FAILED");
+    }
 
     if (load_model(o) == 0 && !g_signals) {
         pthread_create(&g_srv.engine_thread, NULL, engine_main, NULL);
