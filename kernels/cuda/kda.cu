@@ -1443,7 +1443,10 @@ int g_closed_form;
  * (kd_kda_pdl(0): plain stream order): its blocks start while that kernel finishes and load
  * everything it cannot have written (see verify_kernel). The contract: the kernel right
  * before kd_kda_verify in the stream writes none of the state, the records or v (the
- * backend's is kd_kda_prepare, which writes qn, kn, qk, decay and beta). */
+ * backend's is kd_kda_prepare, which writes qn, kn, qk, decay and beta), and it lets the
+ * verify be scheduled only once the kernels before it have finished (in plain stream order,
+ * or launched by kd_launch_dep, which waits before it triggers: launch.cuh), since v comes
+ * from the kernel two back. */
 template <typename F>
 cudaError_t launch_pdl(F f, dim3 grid, size_t sm, cudaStream_t s, const kd_kda_args *a) {
     if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
