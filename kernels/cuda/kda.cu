@@ -1450,13 +1450,7 @@ int g_closed_form;
 template <typename F>
 cudaError_t launch_pdl(F f, dim3 grid, size_t sm, cudaStream_t s, const kd_kda_args *a) {
     if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = sm, cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    if (kd_cuda_pdl) cfg.attrs = at, cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, f, *a);
+    return kd_launch_dep(f, grid, dim3(kThreads), sm, s, *a);
 }
 
 template <int KR, int R, int NC>
