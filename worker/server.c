@@ -1962,6 +1962,8 @@ static void push_finish(push_call *p, int code, const char *msg, long pushback, 
     /* an NCCL receive still running may write into the slot: stop it first; its completion
      * then drops the handoff */
     const int running = code != KD_STATUS_OK && push_nccl_cancel(p);
+    /* counted before the drop's log line: whoever reads that line finds the count */
+    if (code != KD_STATUS_OK) kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
     pthread_mutex_lock(&g_srv.mu);
     if (p->h && !running) {
         p->h->push = NULL;
@@ -1969,7 +1971,6 @@ static void push_finish(push_call *p, int code, const char *msg, long pushback, 
         p->h = NULL;
     }
     pthread_mutex_unlock(&g_srv.mu);
-    if (code != KD_STATUS_OK) kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
     p->finished = 1;
     grpc_call_ref(p->call);
     if (!reply) {
@@ -2065,8 +2066,8 @@ static void push_recv_done(void *obj, int ok) {
         pthread_mutex_lock(&g_srv.mu);
         if (p->h) {
             p->h->push = NULL;
+            kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1); /* before the drop's log line */
             handoff_drop_locked(p->h, "stream broken");
-            kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
             p->h = NULL;
         }
         pthread_mutex_unlock(&g_srv.mu);
