@@ -8,6 +8,7 @@ Headers listed in `hdrs` are visible to nvcc through -I of the workspace's inclu
 NVCC = "/usr/local/cuda/bin/nvcc"
 NVCC_FLAGS = " ".join([
     "-O3",
+    "-lineinfo",  # source lines in profiler and sanitizer reports (no change to the code)
     "-std=c++17",
     "-Xcompiler -fPIC",
     "-Xcompiler -Wall,-Wextra",

@@ -112,7 +112,7 @@ struct cu_backend {
     int64_t sstride;                                   // slot stride of S and win (elements)
     int32_t *kg_read; // host [slots1]: which key/decay buffer holds the slot's last window
     // work space
-    float *x, *proj, *graw, *gate, *q, *k, *v, *braw, *qn, *kn, *qk, *decay, *beta, *o, *gu, *lg, *snap;
+    float *x, *proj, *graw, *gate, *q, *k, *v, *qn, *kn, *qk, *decay, *beta, *o, *gu, *lg, *snap;
     float *kda_work; // kd_kda_args.work: the verify's per (row, head) prologue, shared by the layers
     void *h, *fg0, *ob, *act, *sel;
     int64_t lg_rows;
@@ -396,7 +396,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc_t(cb, &cb->graw, N * HV * K, 4, "raw gate", err) ||
         dalloc_t(cb, &cb->gate, N * cb->VD, 4, "output gate", err) ||
         dalloc_t(cb, &cb->q, N * cb->QK, 4, "q", err) || dalloc_t(cb, &cb->k, N * cb->QK, 4, "k", err) ||
-        dalloc_t(cb, &cb->v, N * cb->VD, 4, "v", err) || dalloc_t(cb, &cb->braw, N * HV, 4, "raw beta", err) ||
+        dalloc_t(cb, &cb->v, N * cb->VD, 4, "v", err) ||
         dalloc_t(cb, &cb->qn, N * cb->QK, 4, "q normed", err) ||
         dalloc_t(cb, &cb->kn, N * cb->QK, 4, "k normed", err) || dalloc_t(cb, &cb->qk, N * cb->H, 4, "q.k", err) ||
         dalloc_t(cb, &cb->decay, N * HV * K, 4, "decay", err) || dalloc_t(cb, &cb->beta, N * HV, 4, "beta", err) ||
@@ -741,14 +741,14 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err) ||
             gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err))
             return -1;
-        KDA(kd_cu_copy_cols(0, cb->braw, cb->proj, N, P, 2 * QK + VD + 2 * V, HV, s));
         if (nvf)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
         KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W, xrec,
                             b->max_window, cb->q, cb->k, cb->v, s));
         if (npf)
             KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw, cb->braw,
+        KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw,
+                           cb->proj + 2 * QK + VD + 2 * V, P,
                            Ly->A_log, Ly->dt_bias, c->use_lower_bound, (float)c->lower_bound, c->allow_neg_eigval,
                            cb->qn, cb->kn, cb->qk, cb->decay, cb->beta, s));
         if (nv) {

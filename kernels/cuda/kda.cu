@@ -568,8 +568,9 @@ __global__ void commit_store_all_kernel(const kd_kda_args a) {
 
 // Per token and head: q, k normalised (q scaled), decay, beta.
 __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *q, const float *k, const float *graw,
-                               const float *braw, const float *A_log, const float *dt_bias, int32_t use_lb, float lb,
-                               int32_t neg, float *qn, float *kn, float *qk, float *decay, float *beta) {
+                               const float *braw, int64_t braw_ld, const float *A_log, const float *dt_bias,
+                               int32_t use_lb, float lb, int32_t neg, float *qn, float *kn, float *qk, float *decay,
+                               float *beta) {
     kd_dep_start();
     const size_t n = blockIdx.x;
     const int h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -599,7 +600,7 @@ __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *q,
         for (int c = threadIdx.x; c < K; c += blockDim.x)
             decay[(n * HV + h) * K + c] = expf(gatef_(graw[(n * HV + h) * K + c] + dt_bias[h * K + c], A, use_lb, lb));
         if (threadIdx.x == 0) {
-            const float b = 1.f / (1.f + expf(-braw[n * HV + h]));
+            const float b = 1.f / (1.f + expf(-braw[n * braw_ld + h]));
             beta[n * HV + h] = neg ? 2.f * b : b;
         }
     }
@@ -1303,11 +1304,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // columns): 8 warps. The state tile goes to shared memory by asynchronous copies (no
 // registers held), while the block's two halves compute the prologue: threads [0, 128)
 // the records (norms, decays, fold weights), threads [128, 256) the window (decayed keys
-// and queries, M and N; they also copy the new key/decay records), each half synchronised
-// by its own named barrier. Then each warp takes its 16 columns of the state into
+// and queries and the warps' sums for M and N; they also copy the new key/decay records);
+// after the block's barrier the window half adds the sums into M and N. Then each warp takes its 16 columns of the state into
 // registers (the mma accumulator layout), folds, stores, and runs the window product; the
 // solve follows. Nothing goes through a work space in device memory.
-__device__ __forceinline__ void named_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
@@ -1393,16 +1393,6 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
                 b *= dw[t];
                 if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
             }
-        named_bar(2, 128);
-        { /* M, N: 128 entries, one per thread of the half */
-            const int t = c % 64 / 8, r = c % 8;
-            float x = 0.f;
-            if (r <= t && t < T) {
-                const int i = 16 + c / 64 * 64 + t * 8 + r;
-                x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
-            }
-            M[c] = x; /* M and N are contiguous */
-        }
     }
     {
         const int nf = (F + 7) / 8 * 8;
@@ -1411,6 +1401,16 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     }
     cp_async_wait1();
     __syncthreads();
+    if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
+                       * (read by the solve, after two more barriers) */
+        const int t = c % 64 / 8, r = c % 8;
+        float x = 0.f;
+        if (r <= t && t < T) {
+            const int i = 16 + c / 64 * 64 + t * 8 + r;
+            x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
+        }
+        M[c] = x; /* M and N are contiguous */
+    }
     // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
     // channels while the second lands), window product
     const int vl = warp * 16 + 2 * g;
@@ -1680,12 +1680,14 @@ extern "C" int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *strea
 }
 
 extern "C" int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const float *q, const float *k,
-                              const float *graw, const float *braw, const float *A_log, const float *dt_bias,
-                              int32_t use_lower_bound, float lower_bound, int32_t allow_neg_eigval, float *qn,
-                              float *kn, float *qk, float *decay, float *beta, void *stream) {
+                              const float *graw, const float *braw, int64_t braw_ld, const float *A_log,
+                              const float *dt_bias, int32_t use_lower_bound, float lower_bound,
+                              int32_t allow_neg_eigval, float *qn, float *kn, float *qk, float *decay, float *beta,
+                              void *stream) {
     if (N == 0) return 0;
     dim3 grid(N, H > HV ? H : HV);
     const int threads = K >= 128 ? 128 : (K + 31) / 32 * 32;
     return (int)kd_launch_dep(prepare_kernel, grid, dim3(threads), 0, (cudaStream_t)stream, H, HV, K, q, k, graw, braw,
-                              A_log, dt_bias, use_lower_bound, lower_bound, allow_neg_eigval, qn, kn, qk, decay, beta);
+                              braw_ld, A_log, dt_bias, use_lower_bound, lower_bound, allow_neg_eigval, qn, kn, qk,
+                              decay, beta);
 }

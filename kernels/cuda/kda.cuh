@@ -156,11 +156,12 @@ size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int32_t Tw);
 int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream);
 // The per-token prologue of a window: q, k L2-normalised (q scaled by K^-1/2), their product
 // qk (may be NULL), the decay exp(g) from the raw gate, beta = sigmoid(b) (x2 with negative
-// eigenvalues).
+// eigenvalues). braw: token n's HV raw betas at braw + n * braw_ld (HV when packed; the backend
+// reads them in place from the input projection's output).
 int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const float *q, const float *k,
-                   const float *graw, const float *braw, const float *A_log, const float *dt_bias,
-                   int32_t use_lower_bound, float lower_bound, int32_t allow_neg_eigval, float *qn,
-                   float *kn, float *qk, float *decay, float *beta, void *stream);
+                   const float *graw, const float *braw, int64_t braw_ld, const float *A_log,
+                   const float *dt_bias, int32_t use_lower_bound, float lower_bound, int32_t allow_neg_eigval,
+                   float *qn, float *kn, float *qk, float *decay, float *beta, void *stream);
 
 #ifdef __cplusplus
 }

@@ -188,7 +188,8 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
         CK(cudaMemset(dec, 0xff, (size_t)N * HV * K * 4));
         CK(cudaMemset(beta, 0xff, (size_t)N * HV * 4));
         CK(cudaMemset(qk, 0xff, (size_t)N * H * 4));
-        CK((cudaError_t)kd_kda_prepare(N, H, HV, K, q, k, g, b, dA, ddt, s.lb, (float)s.lbv, s.neg, qn, kn, qk, dec, beta, 0));
+        CK((cudaError_t)kd_kda_prepare(N, H, HV, K, q, k, g, b, HV, dA, ddt, s.lb, (float)s.lbv, s.neg, qn, kn, qk, dec,
+                                       beta, 0));
         CK((cudaError_t)kd_kda_verify(&a, mode, maxT, 0));
         CK(cudaDeviceSynchronize());
         std::vector<float> og = down(o, (size_t)N * HV * V);
@@ -334,8 +335,9 @@ int main(int argc, char **argv) {
                         {0, 0, 16, 0, "CUDA cores, wide (R=8, 4 columns)"},
                         {0, 0, 2, 0, "CUDA cores, narrow R=2"},
                         {0, 0, 8, 0, "CUDA cores, narrow R=8"}};
-    /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify, 2: only the CUDA-core kernels
-     * (each for the sanitizers) */
+    /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify, 2: only the CUDA-core kernels,
+     * 3: only the one-kernel tensor-core verify, 4: only the one-pass verify (each for the
+     * sanitizers) */
     const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
     const bool only_new = only != 0;
     /* KD_KDA_PROFILE=B,T (for a profiler): no checks, the benchmark at that one size */
@@ -345,6 +347,8 @@ int main(int argc, char **argv) {
         if (prof_b) break;
         if (only == 1 && c.split == 0) continue;
         if (only == 2 && c.tc != 0) continue;
+        if (only == 3 && (c.tc == 0 || c.split != 0)) continue;
+        if (only == 4 && c.split != 3) continue;
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
         kd_kda_split(c.split == 1 ? g_split_default : c.split);
