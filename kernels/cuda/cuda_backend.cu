@@ -42,6 +42,7 @@
 #include <xxhash.h>
 
 #include "kd/backend.h"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kda.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sample.cuh"
@@ -124,6 +125,7 @@ struct cu_backend {
     int32_t *sout, *sout_h;
     // CUDA graphs of decode steps (forward_sample on verify-only batches)
     int graphs;
+    int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
 };
@@ -569,6 +571,15 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
     if (M <= 0) return 0;
     if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
         return kd_fail(err, "cuda backend: GEMM %s too large", what);
+    const int form = cb->bf16 && cb->skinny ? kd_cu_skinny_pick(M, N, K) : 0;
+    if (form && kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M)) {
+        const cudaError_t e = kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)A, lda,
+                                                     (const __nv_bfloat16 *)B, ldb, beta, C, ldc, cb->stream);
+        if (e != cudaSuccess)
+            return kd_fail(err, "cuda backend: skinny GEMM %s (M %lld N %lld K %lld): %s", what, (long long)M,
+                           (long long)N, (long long)K, cudaGetErrorString(e));
+        return 0;
+    }
     const float alpha = 1.f;
     cublasStatus_t s;
     if (cb->bf16)
@@ -980,6 +991,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->dev = 0;
     const char *graphs_env = getenv("KDECODE_CUDA_GRAPHS");
     cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
+    cb->skinny = 1;
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(cb->dev);
     if (e != cudaSuccess) what = "cudaSetDevice";
@@ -1026,6 +1038,15 @@ extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
     if (cb->dev >= 0) cudaSetDevice(cb->dev);
     drop_graphs(cb);
     kd_kda_pdl(on ? 1 : 0);
+    return 0;
+}
+
+extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb) return -1;
+    if (cb->dev >= 0) cudaSetDevice(cb->dev);
+    drop_graphs(cb);
+    cb->skinny = on ? 1 : 0;
     return 0;
 }
 

@@ -27,6 +27,8 @@
 //     joining, finishing and aborted, n-gram / caller / no drafts, greedy and sampled, stop
 //     tokens), in each commit mode (eager with the prefix cache): every request's tokens
 //     and finish equal.
+// (f) The skinny bf16 GEMM (gemv.cuh) against a float64 reference: odd shapes, padded leading
+//     dimensions, beta 0 and 1; the products it must refuse.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,7 +42,11 @@
 
 #include <xxhash.h>
 
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
 #include "kd/backend.h"
+#include "kernels/cuda/gemv.cuh"
 extern "C" {
 #include "worker/engine.h"
 #include "worker/model.h"
@@ -1097,6 +1103,103 @@ done:
     for (int i = 0; i < 2; i++) kd_backend_free(be[i]);
 }
 
+// ------------------------------------------------------------------- skinny GEMM (f)
+
+static uint16_t to_bf16_bits(float x) { /* round to nearest even (finite x) */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static double from_bf16_bits(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// kd_cu_gemm_skinny against a float64 reference on fresh random bf16 inputs: each output
+// within 1e-5 of the sum of its terms' magnitudes (fp32 accumulation of exact products),
+// beta 0 over a NaN-poisoned C and beta 1 over a random one, leading dimensions wider than
+// K and N, N not a multiple of 16; products it must refuse are refused.
+static void skinny_case(int form, int M, int N, int K, int pad, float beta, uint64_t seed) {
+    Rng r(seed);
+    const int64_t lda = K + pad, ldw = K + 8 * (pad > 0), ldc = N + pad;
+    std::vector<uint16_t> a((size_t)M * lda), w((size_t)N * ldw);
+    for (auto &x : a) x = to_bf16_bits((float)r.normal());
+    for (auto &x : w) x = to_bf16_bits((float)(0.05 * r.normal()));
+    std::vector<float> c0((size_t)M * ldc);
+    for (auto &x : c0) x = beta != 0.f ? (float)r.normal() : NAN;
+    std::vector<double> ref((size_t)M * N), mag((size_t)M * N);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double sum = 0, sa = 0;
+            for (int k = 0; k < K; k++) {
+                const double t = from_bf16_bits(a[(size_t)m * lda + k]) * from_bf16_bits(w[(size_t)n * ldw + k]);
+                sum += t, sa += fabs(t);
+            }
+            const double cc = beta != 0.f ? (double)beta * c0[(size_t)m * ldc + n] : 0.0;
+            ref[(size_t)m * N + n] = sum + cc, mag[(size_t)m * N + n] = sa + fabs(cc);
+        }
+    void *da = NULL, *dw = NULL, *dc = NULL;
+    bool ok = cudaMalloc(&da, a.size() * 2) == cudaSuccess && cudaMalloc(&dw, w.size() * 2) == cudaSuccess &&
+              cudaMalloc(&dc, c0.size() * 4) == cudaSuccess &&
+              cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(dc, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    cudaError_t e = cudaErrorUnknown;
+    std::vector<float> c(c0.size());
+    if (ok) {
+        e = kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw,
+                                   beta, (float *)dc, ldc, 0);
+        ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+             cudaMemcpy(c.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    }
+    double worst = 0;
+    size_t bad = 0, pad_touched = 0;
+    for (int m = 0; ok && m < M; m++) {
+        for (int n = 0; n < N; n++) {
+            const double d = fabs((double)c[(size_t)m * ldc + n] - ref[(size_t)m * N + n]) / (mag[(size_t)m * N + n] + 1e-30);
+            if (!(d <= 1e-5)) bad++;
+            if (d > worst || d != d) worst = d;
+        }
+        for (int64_t n = N; n < ldc; n++) /* the padding between rows of C is not written */
+            if (memcmp(&c[(size_t)m * ldc + n], &c0[(size_t)m * ldc + n], 4)) pad_touched++;
+    }
+    report(ok && bad == 0 && pad_touched == 0,
+           "[skinny GEMM form %d M=%d N=%d K=%d lda=%lld ldw=%lld ldc=%lld beta=%g] %s: max error %.2e of the "
+           "terms' magnitude (%zu over 1e-5), %zu padding elements touched",
+           form, M, N, K, (long long)lda, (long long)ldw, (long long)ldc, beta, ok ? "ran" : cudaGetErrorString(e), worst,
+           bad, pad_touched);
+    cudaFree(da), cudaFree(dw), cudaFree(dc);
+    (void)cudaGetLastError();
+}
+
+static void skinny_checks(uint64_t seed, bool quick) {
+    struct S {
+        int M, N, K, pad;
+        float beta;
+    };
+    const S full[] = {{1, 40, 256, 8, 0.f},    {3, 2304, 2304, 8, 1.f}, {8, 17, 512, 0, 0.f},
+                      {13, 100, 9216, 16, 1.f}, {32, 1030, 4096, 8, 0.f}, {16, 4096, 128, 0, 0.f},
+                      {5, 20000, 96, 8, 1.f},  {24, 33, 32, 0, 1.f},   {2, 4099, 9216, 8, 1.f},
+                      {4, 1000, 160, 0, 0.f}};
+    for (size_t i = 0; i < sizeof full / sizeof full[0]; i++) {
+        if (quick && i % 2) continue;
+        for (int form = 0; form <= KD_SKINNY_FORMS; form++) /* the row forms (5..) take M <= 4 */
+            if (form < 5 || full[i].M <= 4)
+                skinny_case(form, full[i].M, full[i].N, full[i].K, full[i].pad, full[i].beta, seed + i);
+    }
+    /* refused: too many rows, K not a multiple of 32, a leading dimension not a multiple of 8 */
+    const int refused[][5] = {{33, 64, 256, 256, 256}, {4, 64, 100, 100, 100}, {4, 64, 256, 260, 256}};
+    for (const auto &x : refused) {
+        const cudaError_t e = kd_cu_gemm_skinny(x[0], x[1], x[2], (const __nv_bfloat16 *)NULL, x[3],
+                                                (const __nv_bfloat16 *)NULL, x[4], 0.f, NULL, x[1], 0);
+        report(e == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+               "[skinny GEMM refuses M=%d N=%d K=%d lda=%d ldw=%d] %s", x[0], x[1], x[2], x[3], x[4],
+               cudaGetErrorName(e));
+    }
+}
+
 // ------------------------------------------------------------------------------ main
 
 int main(int argc, char **argv) {
@@ -1128,6 +1231,7 @@ int main(int argc, char **argv) {
         {"F:HV2-K32-V320", 64, 1, 1, 2, 32, 320, 4, 1, 64, 97, 0, 0, 0, 0, 0},
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
+    skinny_checks(seed + 41, quick);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         for (int bf = 0; bf < 2; bf++)
             for (kd_commit_mode mode : modes) {

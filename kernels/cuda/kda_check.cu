@@ -18,16 +18,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cuda/ck.cuh"
 #include "kernels/cuda/kda.cuh"
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 /* the verify form of the default path (KD_KDA_SPLIT: see kd_kda_split; 1 chosen by size) */
 static int g_split_default = 1;
@@ -275,27 +267,6 @@ static void fill(float *p, size_t n, float scale) {
  * 512 MiB and more measured 2.7 TB/s on an H200 where this kernel moves 3.9 TB/s). */
 __global__ void copy4_kernel(const float4 *s, float4 *d, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = s[i];
-}
-
-static double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> ms;
-    for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float t;
-        CK(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    return ms[ms.size() / 2];
 }
 
 int main(int argc, char **argv) {

@@ -14,8 +14,9 @@
 //     over the time (best of 10).
 // (2) Decode steps (forward_sample, greedy, every draft accepted so each fold is the whole
 //     previous window) at B in {1, 32, 128} rows and s in {0, 3} drafts, CUDA graphs on (and
-//     off, for the launch overhead): step time against the roofline = (every weight byte
-//     + the state bytes read and written) / copy bandwidth.
+//     off, for the launch overhead; and with cuBLAS for every product instead of the skinny
+//     GEMM kernel): step time against the roofline = (every weight byte + the state bytes
+//     read and written) / copy bandwidth.
 // (3) The engine end to end on 32 and 128 requests of a repetitive 128-token prompt, 128
 //     new tokens each, greedy: n-gram drafts (s = 3) and no speculation (s = 0): tokens/s
 //     over the whole run and over the decode phase. With random weights the model rarely
@@ -213,8 +214,8 @@ int main(int argc, char **argv) {
     json += buf;
     json += "  \"steps\": [\n";
     std::string md = "| B | s | tokens/step | step (graphs) ms | step (eager) ms | step (graphs, plain stream order) ms | "
-                     "bytes/step GB | roofline ms | of roofline |\n"
-                     "|---|---|---|---|---|---|---|---|---|\n";
+                     "step (graphs, cuBLAS for every product) ms | bytes/step GB | roofline ms | of roofline |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|\n";
     std::vector<int32_t> rec(129, 0);
     bool first = true;
     int fails = 0;
@@ -231,11 +232,13 @@ int main(int argc, char **argv) {
             std::vector<double> uni((size_t)Bn * Tw, 0.5);
             for (auto &p : sp) memset(&p, 0, sizeof p), p.top_p = 1;
             /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
-             * (no programmatic dependent launches) */
-            double ms[3] = {0, 0, 0};
-            for (int v = 0; v < (prof_b >= 0 ? 1 : 3); v++) {
+             * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
+             * (no skinny GEMM kernel) */
+            double ms[4] = {0, 0, 0, 0};
+            for (int v = 0; v < (prof_b >= 0 ? 1 : 4); v++) {
                 const int graphs = v != 1;
                 kd_cuda_set_pdl(be, v != 2);
+                kd_cuda_set_skinny(be, v != 3);
                 kd_cuda_set_graphs(be, graphs);
                 const int warm = 3, n = prof_b >= 0 ? 2 : graphs ? 30 : 10;
                 double tstart = 0;
@@ -253,9 +256,10 @@ int main(int argc, char **argv) {
                     }
                     for (int r = 0; r < Bn; r++) rec[(size_t)r] = T; // every draft accepted: fold the window
                 }
-                ms[v == 0 ? 1 : v == 1 ? 0 : 2] = (now() - tstart) / n * 1e3;
+                ms[v == 0 ? 1 : v == 1 ? 0 : v] = (now() - tstart) / n * 1e3;
             }
             kd_cuda_set_pdl(be, 1);
+            kd_cuda_set_skinny(be, 1);
             if (prof_b >= 0) {
                 cudaDeviceSynchronize();
                 cudaProfilerStop();
@@ -271,16 +275,18 @@ int main(int argc, char **argv) {
             const double bytes = weight_bytes + 2.0 * Bn * T * D + (double)Bn * L * per_row_layer;
             const double roof = bytes / copy_bw * 1e3;
             const double frac = roof / ms[1];
-            printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order); %.2f GB/step; "
-                   "roofline %.3f ms: %.0f %%\n", Bn, s, ms[1], ms[0], ms[2], bytes / 1e9, roof, 100 * frac);
+            printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
+                   "(graphs, cuBLAS for every product); %.2f GB/step; roofline %.3f ms: %.0f %%\n",
+                   Bn, s, ms[1], ms[0], ms[2], ms[3], bytes / 1e9, roof, 100 * frac);
             snprintf(buf, sizeof buf,
                      "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
-                     "\"step_ms_graphs_stream_order\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
-                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], roof, frac);
+                     "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, \"roofline_ms\": %.4f, "
+                     "\"fraction_of_roofline\": %.3f}",
+                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], roof, frac);
             json += buf;
             first = false;
-            snprintf(buf, sizeof buf, "| %d | %d | %d | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n", Bn, s, Bn * T,
-                     ms[1], ms[0], ms[2], bytes / 1e9, roof, 100 * frac);
+            snprintf(buf, sizeof buf, "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n", Bn, s,
+                     Bn * T, ms[1], ms[0], ms[2], ms[3], bytes / 1e9, roof, 100 * frac);
             md += buf;
         }
     json += "\n  ],\n  \"end_to_end\": [\n";
@@ -366,7 +372,9 @@ int main(int argc, char **argv) {
         fprintf(f, "## Decode step (forward + sampling, only token ids come back)\n\n"
                    "Roofline = (all weight bytes + per row and layer the state read and written once by the fold, the "
                    "window's records and conv inputs written and read back) / copy bandwidth. Every draft accepted, so "
-                   "each step folds the whole previous window.\n\n%s\n",
+                   "each step folds the whole previous window. The products where the backend's skinny GEMM kernel "
+                   "beats cuBLAS (gemv.cuh, kd_cu_skinny_pick) go to it; the cuBLAS column runs every product through "
+                   "cuBLAS, in the same run.\n\n%s\n",
                 md.c_str());
         fprintf(f, "## End to end (engine, %d-token repetitive prompt, %d new tokens per request, greedy)\n\n%s\n"
                    "\"decode\" starts once every request has its first token (prefill done). Random weights: the n-gram "

@@ -2,8 +2,9 @@
 # Runs the GPU checks and benchmarks on a machine with an NVIDIA GPU, from binaries built
 # elsewhere with Bazel (the GPU machine needs no Bazel):
 #   tests/cuda/run_device.sh BIN_DIR OUT_DIR [ORACLE_DIR]
-#   BIN_DIR: kda_check, cuda_test, cuda_bench (the backend's other test binaries as they come)
-#   OUT_DIR: results (kda_h200.json/.md, kimi48b_cuda_h200.json/.md) and logs
+#   BIN_DIR: kda_check, cuda_test, cuda_bench, gemm_bench (the backend's other test binaries as
+#            they come)
+#   OUT_DIR: results (kda_h200.json/.md, kimi48b_cuda_h200.json/.md, gemm_h200.json/.md) and logs
 #   ORACLE_DIR: the oracle checkpoints (tiny/, small/) for cuda_test; default $KDECODE_ORACLE,
 #               else ../shared/oracle beside the checkout
 # Checks run first (against float64 references), then compute-sanitizer memcheck and
@@ -18,8 +19,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 san=/usr/local/cuda/bin/compute-sanitizer
 # KD_KDA_SANITIZE=0 skips the sanitizers on kda_check; KD_KDA_BENCH=0 runs its checks only
 # (no timing table): for runs that re-check kernels already timed and sanitized.
-# KD_KDA_CHECK_NEW=1 (passed through to kda_check) limits its checks to the split and
-# one-pass verify forms, e.g. to sanitize a change to those alone in less time.
+# KD_KDA_CHECK_NEW (passed through to kda_check) limits its checks, e.g. to sanitize a change
+# to some kernels alone in less time: 1 the split and one-pass verify, 2 the CUDA-core
+# kernels, 3 the one-kernel tensor-core verify, 4 the one-pass verify.
 # KD_KDA_PROFILE=B,T makes kda_check skip its checks and time that one size only (to run it
 # under a profiler: ncu --clock-control none -k regex:"tc_prologue|verify_split" ...).
 if [[ ${KD_KDA_SANITIZE:-1} != 0 && -x $san ]]; then
@@ -49,4 +51,10 @@ fi
 # (tests/bench/cuda_bench.cu; random bf16 weights built on the machine), when built.
 if [[ -x $bin/cuda_bench ]]; then
   "$bin/cuda_bench" "$out/kimi48b_cuda_h200" "$commit" "tests/cuda/run_device.sh BIN OUT" 2>&1 | tee "$out/cuda_bench.log"
+fi
+
+# The decode-step matrix products of the same preset: cuBLAS against the skinny GEMM kernel's
+# forms (tests/bench/gemm_bench.cu), when built.
+if [[ -x $bin/gemm_bench ]]; then
+  "$bin/gemm_bench" "$out/gemm_h200" "$commit" "tests/cuda/run_device.sh BIN OUT" 2>&1 | tee "$out/gemm_bench.log"
 fi

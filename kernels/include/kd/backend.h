@@ -230,6 +230,10 @@ int kd_cuda_set_graphs(kd_backend *b, int on);
  * kernels/cuda/launch.cuh), or plain stream order: process-wide; drops the captured graphs
  * (the next batches capture them again). Benchmarks. */
 int kd_cuda_set_pdl(kd_backend *b, int on);
+/* The backend's own skinny GEMM kernel for the products of few activation rows where it
+ * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
+ * the captured graphs. Benchmarks. */
+int kd_cuda_set_skinny(kd_backend *b, int on);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as

@@ -1,0 +1,45 @@
+// ck.cuh: for the GPU test and benchmark programs: CK(call), a failed CUDA runtime call prints
+// where and why and ends the program (exit status 1); time_graph, the median time of a graph's
+// replays.
+#ifndef KD_CUDA_CK_CUH
+#define KD_CUDA_CK_CUH
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+// The median of reps replays of ge on st (ms), after one replay to warm up.
+static inline double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> ms;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return ms[ms.size() / 2];
+}
+
+#endif

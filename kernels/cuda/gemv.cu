@@ -1,0 +1,236 @@
+// gemv.cu: see gemv.cuh.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/launch.cuh"
+
+namespace {
+
+// 16 bytes of weights: read once, not kept in L1.
+__device__ __forceinline__ uint4 ld_weights(const __nv_bfloat16 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void store_c(float *c, float sum, float beta) { *c = beta != 0.f ? sum + beta * *c : sum; }
+
+// ---- the tensor-core form: a block of NW warps takes 16 rows of W, its warps split K in
+// 32-wide key blocks (interleaved, or CONTIG: each a contiguous range), U of them in flight
+// a warp; NT: activation rows in tiles of 8 (M <= 8 NT). KB: K / 32.
+template <int NT, int NW, int U, bool CONTIG>
+__global__ void __launch_bounds__(NW * 32) skinny_tc_kernel(int M, int N, int KB, const __nv_bfloat16 *A, int64_t lda,
+                                                            const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
+                                                            int64_t ldc) {
+    __shared__ float red[NW][8 * NT][17]; /* [warp][activation row][weight row] */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int64_t n0 = (int64_t)blockIdx.x * 16;
+    const bool live0 = n0 + g < N, live1 = n0 + g + 8 < N;
+    const __nv_bfloat16 *w0 = W + (live0 ? (n0 + g) * ldw : 0) + 8 * q;
+    const __nv_bfloat16 *w1 = W + (live1 ? (n0 + g + 8) * ldw : 0) + 8 * q;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const int per = (KB + NW - 1) / NW;
+    const int kbs = CONTIG ? warp * per : warp, step = CONTIG ? 1 : NW;
+    const int kbe = CONTIG ? min(KB, kbs + per) : KB;
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int kb = kbs + u * step;
+        wa[u] = kb < kbe && live0 ? ld_weights(w0 + kb * 32) : zero;
+        wb[u] = kb < kbe && live1 ? ld_weights(w1 + kb * 32) : zero;
+    }
+    kd_dep_start(); /* A and C come from the kernels before; the weights are never written */
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int kb0 = kbs; kb0 < kbe; kb0 += U * step) {
+        uint4 x[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int kb = kb0 + u * step, m = nt * 8 + g;
+                x[u][nt] = kb < kbe && m < M ? __ldg((const uint4 *)(A + m * lda + kb * 32 + 8 * q)) : zero;
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                mma_bf16(acc[nt], wa[u].x, wb[u].x, wa[u].y, wb[u].y, x[u][nt].x, x[u][nt].y);
+                mma_bf16(acc[nt], wa[u].z, wb[u].z, wa[u].w, wb[u].w, x[u][nt].z, x[u][nt].w);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = kb0 + (U + u) * step;
+            wa[u] = kb < kbe && live0 ? ld_weights(w0 + kb * 32) : zero;
+            wb[u] = kb < kbe && live1 ? ld_weights(w1 + kb * 32) : zero;
+        }
+    }
+    /* acc[nt]: (weight row g, activation rows nt 8 + 2q, + 1), then weight row g + 8 */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        red[warp][nt * 8 + 2 * q][g] = acc[nt][0], red[warp][nt * 8 + 2 * q + 1][g] = acc[nt][1];
+        red[warp][nt * 8 + 2 * q][g + 8] = acc[nt][2], red[warp][nt * 8 + 2 * q + 1][g + 8] = acc[nt][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 8 * NT; i += NW * 32) {
+        const int r = i % 16, m = i / 16;
+        const int64_t n = n0 + r;
+        if (m >= M || n >= N) continue;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) sum += red[w][m][r];
+        store_c(C + m * ldc + n, sum, beta);
+    }
+}
+
+// ---- the row form (M <= MT <= 4): each warp takes RW rows of W whole, a lane 16 bytes of a
+// row per 256 keys (the warp reads 512 contiguous bytes of a row at a time), U such chunks a
+// row in flight; fp32 products on the CUDA cores, warp sums by shuffles. K % 8 == 0.
+__device__ __forceinline__ void bf16x8(uint4 v, float (&f)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+template <int MT, int RW, int U>
+__global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
+                                                         const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
+                                                         int64_t ldc) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r0 = ((int64_t)blockIdx.x * 8 + warp) * RW;
+    const int nch = (K / 8 + 31) / 32; /* 16-byte chunks a lane takes of a row (the last maybe partial) */
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    float acc[RW][MT];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] = 0.f;
+    uint4 w[RW][U];
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = ((c0 + u) * 32 + lane) * 8;
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+                w[r][u] = c0 + u < nch && k < K && r0 + r < N ? ld_weights(W + (r0 + r) * ldw + k) : zero;
+        }
+    };
+    load(0);
+    kd_dep_start();
+    for (int c0 = 0; c0 < nch; c0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = ((c0 + u) * 32 + lane) * 8;
+            if (c0 + u >= nch || k >= K) continue;
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (m >= M) break;
+                float xf[8];
+                bf16x8(__ldg((const uint4 *)(A + m * lda + k)), xf);
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    float wf[8];
+                    bf16x8(w[r][u], wf);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
+                }
+            }
+        }
+        load(c0 + U);
+    }
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            float v = acc[r][m];
+#pragma unroll
+            for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, v, beta);
+        }
+}
+
+template <int NW, int U, bool CONTIG>
+cudaError_t launch_tc(int m, int n, int kb, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
+                      float beta, float *C, int64_t ldc, cudaStream_t s) {
+    const dim3 grid((unsigned)((n + 15) / 16)), block(NW * 32);
+    switch ((m + 7) / 8) {
+    case 1: return kd_launch_dep(skinny_tc_kernel<1, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
+    case 2: return kd_launch_dep(skinny_tc_kernel<2, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
+    case 3: return kd_launch_dep(skinny_tc_kernel<3, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
+    default: return kd_launch_dep(skinny_tc_kernel<4, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
+    }
+}
+
+template <int RW, int U>
+cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
+                       float beta, float *C, int64_t ldc, cudaStream_t s) {
+    const dim3 grid((unsigned)((n + 8 * RW - 1) / (8 * RW))), block(256);
+    switch (m) {
+    case 1: return kd_launch_dep(skinny_row_kernel<1, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc);
+    case 2: return kd_launch_dep(skinny_row_kernel<2, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc);
+    default: return kd_launch_dep(skinny_row_kernel<4, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc);
+    }
+}
+
+} // namespace
+
+int kd_cu_skinny_ok(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
+                    int max_m) {
+    if (max_m > KD_SKINNY_MAX_M) max_m = KD_SKINNY_MAX_M;
+    return M >= 1 && M <= max_m && N >= 1 && N < (1ll << 31) && K >= 32 && K < (1ll << 31) && K % 32 == 0 &&
+           lda >= K && ldw >= K && lda % 8 == 0 && ldw % 8 == 0 && ((uintptr_t)A & 15) == 0 &&
+           ((uintptr_t)W & 15) == 0;
+}
+
+int kd_cu_skinny_pick(int64_t M, int64_t N, int64_t K) {
+    (void)N;
+    /* From gemm_bench on the H200 (tests/bench/results/gemm_h200.md), per launch in a graph
+     * with the weights out of L2, cuBLAS's nvjet kernels already stream the large products at
+     * 3.2-4.3 TB/s; the skinny kernel wins where they cannot fill the machine or a row's
+     * loads: K <= 256 (f_proj.1 / g_proj.1 at 48B: 1.65-2.55 vs 2.76-2.82 us at M = 1..32)
+     * and M = 1 up to K = 4096 (the input projection 16.2 vs 17.6 us, o_proj 8.8 vs 9.2,
+     * gate|up 24.1 vs 24.8, the head 169.9 vs 175.4). At M = 1, K = 9216 (the down
+     * projection: 16.1-17.1 vs 15.3) and from M = 4 on the larger products, cuBLAS. */
+    if (M < 1 || M > KD_SKINNY_MAX_M) return 0;
+    if (K <= 256) return M == 1 ? 5 : 4;
+    if (M == 1 && K <= 4096) return 5;
+    return 0;
+}
+
+cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                   const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                                   cudaStream_t s) {
+    if (!kd_cu_skinny_ok(M, N, K, A, lda, W, ldw, KD_SKINNY_MAX_M) || ldc < N) return cudaErrorInvalidValue;
+    const int m = (int)M, n = (int)N, k = (int)K, kb = (int)(K / 32);
+    if (form == 0) form = kd_cu_skinny_pick(M, N, K);
+    if (form == 0) form = M <= 4 ? 5 : 1;
+    if (form >= 5 && M > 4) return cudaErrorInvalidValue;
+    switch (form) {
+    case 1: return launch_tc<8, 4, false>(m, n, kb, A, lda, W, ldw, beta, C, ldc, s);
+    case 2: return launch_tc<8, 2, false>(m, n, kb, A, lda, W, ldw, beta, C, ldc, s);
+    case 3: return launch_tc<4, 4, true>(m, n, kb, A, lda, W, ldw, beta, C, ldc, s);
+    case 4: return launch_tc<4, 2, false>(m, n, kb, A, lda, W, ldw, beta, C, ldc, s);
+    case 5: return launch_row<2, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 6: return launch_row<1, 4>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 7: return launch_row<2, 4>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 8: return launch_row<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                              const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                              cudaStream_t s) {
+    return kd_cu_gemm_skinny_form(0, M, N, K, A, lda, W, ldw, beta, C, ldc, s);
+}

@@ -1,0 +1,61 @@
+// gemv.cuh: the skinny bf16 matrix product of the CUDA backend's decode steps.
+//
+// C[M][N] = A[M][K] W[N][K]^T + beta C (row-major, leading dimensions given), A and W bf16,
+// C fp32, fp32 accumulation, for few activation rows (M <= 32). At decode sizes such a
+// product streams its weights once and does little else. Measured on the H200
+// (tests/bench/gemm_bench.cu, results/gemm_h200.md): cuBLAS's kernels stream the large
+// products of the 48B preset at 3.2-4.3 TB/s already, but not the small ones (f_proj.1 /
+// g_proj.1, K = 128: 2.8 us for 1 MB; o_proj at 2.1 TB/s); kd_cu_skinny_pick names the
+// shapes where a form of this kernel is faster, and the backend keeps cuBLAS for the rest.
+// Both forms issue their first weight loads before waiting for the kernel before them
+// (programmatic dependent launch, launch.cuh: the weights are never written, so their
+// stream overlaps the previous kernel's tail).
+//
+// The row form (M <= 4): each warp takes whole rows of W; a lane loads 16 bytes of a row per
+// 256 keys (a warp reads 512 contiguous bytes of a row at a time), several chunks of one or
+// more rows in flight; products in fp32 on the CUDA cores, warp sums by shuffles.
+//
+// The tensor-core form: a block takes 16 rows of W; its warps split K in 32-wide key blocks
+// and the block adds their 16 x M partial products in shared memory, in a fixed order (the
+// result does not depend on timing). Inside a key block lane (g, q) loads 16 bytes of W row
+// g, of row g + 8 and of activation row g (keys 8q..8q+7) and feeds them to two mma
+// m16n8k16: the sum over keys does not depend on their order, so the same permutation of
+// the 16 keys of each mma for W and for A (physical 8q..8q+3 as the fragment's 2q, 2q + 1,
+// 2q + 8, 2q + 9) needs no shuffles. Bytes: W once, A once per 16 rows of W (from L2).
+#ifndef KD_CUDA_GEMV_CUH
+#define KD_CUDA_GEMV_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// The most activation rows kd_cu_gemm_skinny takes.
+#define KD_SKINNY_MAX_M 32
+
+// Whether kd_cu_gemm_skinny takes this product: 1 <= M <= max_m (<= KD_SKINNY_MAX_M), K a
+// positive multiple of 32, leading dimensions multiples of 8 elements, A and W 16-byte
+// aligned, N and K below 2^31.
+int kd_cu_skinny_ok(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
+                    int max_m);
+
+// The form of this kernel that beats cuBLAS at this shape on the H200 (measured by
+// tests/bench/gemm_bench.cu), or 0 where cuBLAS is as fast or faster.
+int kd_cu_skinny_pick(int64_t M, int64_t N, int64_t K);
+
+// The product above (cudaErrorInvalidValue when kd_cu_skinny_ok(..., KD_SKINNY_MAX_M) is
+// false), in the form kd_cu_skinny_pick names (where it names none: the row form up to
+// M = 4, the tensor-core form above). beta == 0: C is only written.
+cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                              const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                              cudaStream_t s);
+
+// One form of it (benchmarks and tests; cudaErrorInvalidValue for an unknown form or one that
+// does not take M): 0 the default (by M), 1-4 the tensor-core form (8 warps a block, 4 or 2
+// key blocks in flight, interleaved; 4 warps, 4 contiguous / 2 interleaved), 5-8 the row form
+// for M <= 4 (rows a warp x 16-byte chunks a row in flight: 2x2, 1x4, 2x4, 4x2).
+#define KD_SKINNY_FORMS 8
+cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                   const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                                   cudaStream_t s);
+
+#endif

@@ -1,0 +1,232 @@
+// gemm_bench.cu: the decode-step matrix products of the Kimi-Linear-48B KDA preset at few
+// activation rows (M in {1, 4, 8, 32}): cuBLAS (cublasGemmEx, bf16 in, fp32 out, as the CUDA
+// backend calls it) against each form of the backend's skinny GEMM kernel (gemv.cuh), and
+// against the copy floor measured in the same run. Needs a GPU (run by
+// tests/cuda/run_device.sh, not a bazel test):
+//   gemm_bench OUT_PREFIX COMMIT COMMAND
+// writes OUT_PREFIX.json and OUT_PREFIX.md.
+//
+// Each product: a CUDA graph of L launches, each on its own copy of the weights (together
+// more than 4 times the L2), median of 15 replays, per launch. Bandwidth = weight bytes /
+// time (the activations and outputs are small beside them). Each form's output is compared
+// with cuBLAS's first (max error relative to the output's largest magnitude).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ck.cuh"
+#include "kernels/cuda/gemv.cuh"
+
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+static double urand() { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * 0x1.0p-52 - 1.0;
+}
+
+static uint16_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void fill_bf16(void *d, size_t n, double scale) {
+    std::vector<uint16_t> h(n);
+    for (auto &x : h) x = bf16_bits((float)(scale * urand()));
+    CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+struct Shape {
+    const char *name;
+    int N, K;
+};
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s OUT_PREFIX COMMIT COMMAND\n", argv[0]);
+        return 2;
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return printf("no CUDA device\n"), 2;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cublasHandle_t blas;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas, st) != CUBLAS_STATUS_SUCCESS)
+        return printf("cublas\n"), 1;
+    void *ws;
+    CK(cudaMalloc(&ws, 32u << 20));
+    cublasSetWorkspace(blas, ws, 32u << 20);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    // the copy floor: 1 GiB device to device (read + write), best of 10
+    double copy_bw = 0;
+    {
+        const size_t bytes = 1ull << 30;
+        void *a, *b;
+        CK(cudaMalloc(&a, bytes));
+        CK(cudaMalloc(&b, bytes));
+        CK(cudaMemset(a, 1, bytes));
+        for (int i = 0; i < 11; i++) {
+            CK(cudaEventRecord(e0, st));
+            CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i) copy_bw = std::max(copy_bw, 2.0 * bytes / (ms * 1e-3));
+        }
+        CK(cudaFree(a));
+        CK(cudaFree(b));
+    }
+    printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
+
+    const Shape shapes[] = {{"input projection", 12576, 2304}, {"f_proj.1 / g_proj.1", 4096, 128},
+                            {"o_proj", 2304, 4096},           {"gate|up", 18432, 2304},
+                            {"down_proj", 2304, 9216},         {"head", 163840, 2304}};
+    const int Ms[] = {1, 4, 8, 32};
+    const int nforms = KD_SKINNY_FORMS;
+    std::string md = "| product | N | K | M | cuBLAS us | cuBLAS GB/s |";
+    std::string sep = "|---|---|---|---|---|---|";
+    for (int f = 0; f <= nforms; f++) {
+        char h[64];
+        snprintf(h, sizeof h, " form %d us |", f);
+        md += h, sep += "---|";
+    }
+    md += " best skinny / cuBLAS | best skinny, of copy bandwidth |\n" + sep + "---|---|\n";
+    std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
+    char date[64];
+    {
+        time_t t = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+    }
+    json += "  \"date\": \"" + std::string(date) + "\",\n  \"commit\": \"" + argv[2] + "\",\n  \"command\": \"" +
+            argv[3] + "\",\n";
+    char buf[4096];
+    snprintf(buf, sizeof buf, "  \"copy_bandwidth_GBps\": %.1f,\n  \"rows\": [\n", copy_bw / 1e9);
+    json += buf;
+    bool first = true;
+    int bad = 0;
+    for (const Shape &sh : shapes) {
+        const size_t wbytes = (size_t)sh.N * sh.K * 2;
+        const int L = (int)std::max<size_t>(4, std::min<size_t>(64, (256ull << 20) / wbytes + 1));
+        std::vector<void *> W(L);
+        for (auto &w : W) {
+            CK(cudaMalloc(&w, wbytes));
+            fill_bf16(w, (size_t)sh.N * sh.K, 1.0 / sqrt((double)sh.K));
+        }
+        void *A;
+        float *C, *Cref;
+        CK(cudaMalloc(&A, (size_t)32 * sh.K * 2));
+        fill_bf16(A, (size_t)32 * sh.K, 1.0);
+        CK(cudaMalloc(&C, (size_t)32 * sh.N * 4));
+        CK(cudaMalloc(&Cref, (size_t)32 * sh.N * 4));
+        for (int M : Ms) {
+            std::vector<double> us(nforms + 1, -1);
+            double cublas_us = 0;
+            std::vector<float> ref((size_t)M * sh.N), got((size_t)M * sh.N);
+            // form -1: cuBLAS
+            for (int f = -1; f <= nforms; f++) {
+                const float alpha = 1.f, beta = 0.f;
+                auto launch = [&](const void *w, float *c) -> bool {
+                    if (f < 0)
+                        return cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, M, sh.K, &alpha, w, CUDA_R_16BF,
+                                            sh.K, A, CUDA_R_16BF, sh.K, &beta, c, CUDA_R_32F, sh.N, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+                    return kd_cu_gemm_skinny_form(f, M, sh.N, sh.K, (const __nv_bfloat16 *)A, sh.K,
+                                                  (const __nv_bfloat16 *)w, sh.K, beta, c, sh.N, st) == cudaSuccess;
+                };
+                // correctness against cuBLAS on the first copy
+                CK(cudaMemsetAsync(f < 0 ? Cref : C, 0xff, (size_t)M * sh.N * 4, st));
+                if (!launch(W[0], f < 0 ? Cref : C)) {
+                    (void)cudaGetLastError();
+                    continue; /* this form does not take M */
+                }
+                CK(cudaStreamSynchronize(st));
+                if (f >= 0) {
+                    CK(cudaMemcpy(got.data(), C, got.size() * 4, cudaMemcpyDeviceToHost));
+                    double mx = 0, err = 0;
+                    for (size_t i = 0; i < got.size(); i++) mx = std::max(mx, (double)fabsf(ref[i]));
+                    for (size_t i = 0; i < got.size(); i++) {
+                        const double d = fabs((double)got[i] - ref[i]);
+                        err = d != d ? INFINITY : std::max(err, d);
+                    }
+                    if (!(err <= 1e-4 * mx)) {
+                        printf("MISMATCH %s M=%d form %d: max error %.3g of %.3g\n", sh.name, M, f, err, mx);
+                        bad++;
+                    }
+                } else {
+                    CK(cudaMemcpy(ref.data(), Cref, ref.size() * 4, cudaMemcpyDeviceToHost));
+                }
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                for (int l = 0; l < L; l++) launch(W[l], C);
+                CK(cudaStreamEndCapture(st, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                (f < 0 ? cublas_us : us[(size_t)f]) = time_graph(ge, st, 15) * 1e3 / L;
+                CK(cudaGraphExecDestroy(ge));
+                CK(cudaGraphDestroy(g));
+            }
+            double best = 1e30;
+            for (int f = 1; f <= nforms; f++)
+                if (us[(size_t)f] > 0) best = std::min(best, us[(size_t)f]);
+            const double gbs = wbytes / (cublas_us * 1e-6) / 1e9, best_bw = wbytes / (best * 1e-6);
+            snprintf(buf, sizeof buf, "| %s | %d | %d | %d | %.2f | %.0f |", sh.name, sh.N, sh.K, M, cublas_us, gbs);
+            md += buf;
+            for (int f = 0; f <= nforms; f++) {
+                if (us[(size_t)f] > 0) snprintf(buf, sizeof buf, " %.2f |", us[(size_t)f]);
+                else snprintf(buf, sizeof buf, " - |");
+                md += buf;
+            }
+            snprintf(buf, sizeof buf, " %.2f | %.0f %% |\n", best / cublas_us, 100 * best_bw / copy_bw);
+            md += buf;
+            printf("%-20s N=%6d K=%5d M=%2d cuBLAS %8.2f us (%5.0f GB/s); forms:", sh.name, sh.N, sh.K, M, cublas_us, gbs);
+            for (int f = 0; f <= nforms; f++) printf(" %.2f", us[(size_t)f]);
+            printf("\n");
+            std::string forms = "[";
+            for (int f = 0; f <= nforms; f++) {
+                snprintf(buf, sizeof buf, "%s%.3f", f ? ", " : "", us[(size_t)f]);
+                forms += buf;
+            }
+            forms += "]";
+            snprintf(buf, sizeof buf,
+                     "%s    {\"product\": \"%s\", \"N\": %d, \"K\": %d, \"M\": %d, \"cublas_us\": %.3f, "
+                     "\"form_us\": %s}",
+                     first ? "" : ",\n", sh.name, sh.N, sh.K, M, cublas_us, forms.c_str());
+            json += buf;
+            first = false;
+        }
+        for (auto &w : W) CK(cudaFree(w));
+        CK(cudaFree(A));
+        CK(cudaFree(C));
+        CK(cudaFree(Cref));
+    }
+    json += "\n  ]\n}\n";
+    const std::string pre = argv[1];
+    FILE *f = fopen((pre + ".json").c_str(), "w");
+    if (f) fputs(json.c_str(), f), fclose(f);
+    f = fopen((pre + ".md").c_str(), "w");
+    if (f) {
+        fprintf(f, "# Skinny matrix products of the Kimi-Linear-48B KDA preset: cuBLAS vs the backend's kernel\n\n");
+        fprintf(f, "device: %s; date: %s; commit: %s; command: `%s`\n\n", prop.name, date, argv[2], argv[3]);
+        fprintf(f, "bf16 weights [N][K] and activations [M][K], fp32 output; a CUDA graph of launches, each on its own "
+                   "copy of the weights (more than 4 x the L2), median of 15 replays, per launch. Copy floor in the "
+                   "same run: %.0f GB/s (read + write). Forms: gemv.cuh (0: the default for M).\n\n%s",
+                copy_bw / 1e9, md.c_str());
+        fclose(f);
+    }
+    printf(bad ? "GEMM BENCH: %d MISMATCHES\n" : "GEMM BENCH DONE\n", bad);
+    return bad ? 1 : 0;
+}
