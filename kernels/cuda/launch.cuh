@@ -5,10 +5,12 @@
 // no-op in plain stream order), then lets the kernel after it be scheduled
 // (griddepcontrol.launch_dependents). The next kernel's blocks are thus set up while this one
 // runs (inside a CUDA graph too: the capture keeps the programmatic edges), but none of them
-// reads anything before its own wait, and a kernel is only scheduled once the kernel before
-// it has passed its wait: the chain keeps stream order for every byte. The CUDA-core KDA
-// verify, which loads before its wait, relies on the last point (kda.cu: what it loads early
-// was written two or more kernels back, so it is complete once its predecessor has started).
+// reads anything written in the stream before its own wait, and a kernel is only scheduled
+// once the kernel before it has passed its wait: the chain keeps stream order for every
+// byte. Two kernels load before their wait: the skinny GEMM (gemv.cu) its weights, which are
+// never written, and the CUDA-core KDA verify, which relies on the last point (kda.cu: what
+// it loads early was written two or more kernels back, so it is complete once its
+// predecessor has started).
 #ifndef KD_CUDA_LAUNCH_CUH
 #define KD_CUDA_LAUNCH_CUH
 
