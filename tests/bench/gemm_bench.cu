@@ -223,7 +223,8 @@ int main(int argc, char **argv) {
         fprintf(f, "device: %s; date: %s; commit: %s; command: `%s`\n\n", prop.name, date, argv[2], argv[3]);
         fprintf(f, "bf16 weights [N][K] and activations [M][K], fp32 output; a CUDA graph of launches, each on its own "
                    "copy of the weights (more than 4 x the L2), median of 15 replays, per launch. Copy floor in the "
-                   "same run: %.0f GB/s (read + write). Forms: gemv.cuh (0: the default for M).\n\n%s",
+                   "same run: %.0f GB/s (read + write). Forms: gemv.cuh (0: kd_cu_gemm_skinny's choice, "
+                   "kd_cu_skinny_pick's form where it names one, else by M).\n\n%s",
                 copy_bw / 1e9, md.c_str());
         fclose(f);
     }
