@@ -27,8 +27,8 @@
 //     joining, finishing and aborted, n-gram / caller / no drafts, greedy and sampled, stop
 //     tokens), in each commit mode (eager with the prefix cache): every request's tokens
 //     and finish equal.
-// (f) The skinny bf16 GEMM (gemv.cuh) against a float64 reference: odd shapes, padded leading
-//     dimensions, beta 0 and 1; the products it must refuse.
+// (f) The skinny bf16 GEMM (gemv.cuh), every form, against a float64 reference: odd shapes,
+//     padded leading dimensions, beta 0 and 1; the products it must refuse.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1158,7 +1158,8 @@ static void skinny_case(int form, int M, int N, int K, int pad, float beta, uint
     size_t bad = 0, pad_touched = 0;
     for (int m = 0; ok && m < M; m++) {
         for (int n = 0; n < N; n++) {
-            const double d = fabs((double)c[(size_t)m * ldc + n] - ref[(size_t)m * N + n]) / (mag[(size_t)m * N + n] + 1e-30);
+            const size_t i = (size_t)m * N + n;
+            const double d = fabs((double)c[(size_t)m * ldc + n] - ref[i]) / (mag[i] + 1e-30);
             if (!(d <= 1e-5)) bad++;
             if (d > worst || d != d) worst = d;
         }
@@ -1168,8 +1169,8 @@ static void skinny_case(int form, int M, int N, int K, int pad, float beta, uint
     report(ok && bad == 0 && pad_touched == 0,
            "[skinny GEMM form %d M=%d N=%d K=%d lda=%lld ldw=%lld ldc=%lld beta=%g] %s: max error %.2e of the "
            "terms' magnitude (%zu over 1e-5), %zu padding elements touched",
-           form, M, N, K, (long long)lda, (long long)ldw, (long long)ldc, beta, ok ? "ran" : cudaGetErrorString(e), worst,
-           bad, pad_touched);
+           form, M, N, K, (long long)lda, (long long)ldw, (long long)ldc, beta, ok ? "ran" : cudaGetErrorString(e),
+           worst, bad, pad_touched);
     cudaFree(da), cudaFree(dw), cudaFree(dc);
     (void)cudaGetLastError();
 }

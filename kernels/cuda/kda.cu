@@ -1303,11 +1303,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // verify_split_kernel and tc_prologue_kernel in one block per (row, value head, 128 value
 // columns): 8 warps. The state tile goes to shared memory by asynchronous copies (no
 // registers held), while the block's two halves compute the prologue: threads [0, 128)
-// the records (norms, decays, fold weights), threads [128, 256) the window (decayed keys
-// and queries and the warps' sums for M and N; they also copy the new key/decay records);
-// after the block's barrier the window half adds the sums into M and N. Then each warp takes its 16 columns of the state into
-// registers (the mma accumulator layout), folds, stores, and runs the window product; the
-// solve follows. Nothing goes through a work space in device memory.
+// the fold weights from the records (keys and decays), threads [128, 256) the window
+// (decayed keys and queries and the warps' sums for M and N; they also copy the new
+// key/decay records); after the block's barrier the window half adds the sums into M and N
+// (a named barrier of that half alone, before, left racecheck reporting hazards across the
+// block's later barriers). Then each warp takes its 16 columns of the state into registers
+// (the mma accumulator layout), folds, stores, and runs the window product; the solve
+// follows. Nothing goes through a work space in device memory.
 
 __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
