@@ -68,6 +68,7 @@ static const struct {
     {KD_G_DRAINING, "kdecode_draining"},
     {KD_G_HANDOFFS_PENDING, "kdecode_handoffs_pending"},
     {KD_G_NCCL_LINKS, "kdecode_nccl_links"},
+    {KD_G_HANDOFF_SLOTS_READY, "kdecode_handoff_slots_ready"},
 };
 
 /* min_le / max_le: the range the buckets must cover for the histogram's unit. */

@@ -88,6 +88,7 @@ static const gauge_desc gauge_descs[] = {
     {"kdecode_draining", "1 while draining."},
     {"kdecode_handoffs_pending", "Handoffs in flight."},
     {"kdecode_nccl_links", "NCCL communicators to handoff peers (state handoff over NCCL)."},
+    {"kdecode_handoff_slots_ready", "Free slots held ready for arriving handoffs (counted as free in slots_used)."},
 };
 _Static_assert(sizeof gauge_descs / sizeof *gauge_descs == KD_G_COUNT,
                "one description per gauge");

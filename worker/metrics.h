@@ -53,6 +53,7 @@ typedef enum kd_metric_gauge {
     KD_G_DRAINING,        /* kdecode_draining */
     KD_G_HANDOFFS_PENDING,/* kdecode_handoffs_pending */
     KD_G_NCCL_LINKS,      /* kdecode_nccl_links */
+    KD_G_HANDOFF_SLOTS_READY, /* kdecode_handoff_slots_ready */
     KD_G_COUNT
 } kd_metric_gauge;
 

@@ -92,6 +92,9 @@ static void logf_(const char *event, const char *fmt, ...) {
 
 /* ------------------------------------------------------------------------- options */
 
+/* the most slots a decode worker keeps reserved for arriving handoffs (g_srv.pool) */
+enum { kHandoffPool = 8 };
+
 typedef struct serve_opts {
     const char *listen, *model_dir, *metrics_listen, *role, *backend;
     const char *tls_cert, *tls_key, *tls_client_ca;
@@ -105,6 +108,7 @@ typedef struct serve_opts {
     const char *handoff_transport; /* grpc | nccl | auto */
     int32_t nccl_max_links;
     double nccl_idle_seconds, nccl_connect_seconds;
+    int32_t handoff_ready_slots;
 } serve_opts;
 
 static void usage(FILE *f) {
@@ -115,6 +119,9 @@ static void usage(FILE *f) {
             "  --role decode|prefill|both   decode: Decoder (Generate, PushState); prefill:\n"
             "                           Prefiller.Prefill; both: everything (default decode)\n"
             "  --handoff-lease-seconds S  how long a pushed state waits to be claimed (default 30)\n"
+            "  --handoff-ready-slots N  free slots a decode worker holds ready for arriving handoffs,\n"
+            "                           so that a state's header does not wait for the running\n"
+            "                           step (0..8, default 2; given back while requests wait)\n"
             "  --peer-tls-ca F          roots to verify decode workers when handing off over TLS\n"
             "                           (with --tls-cert/--tls-key as the client certificate)\n"
             "  --debug-handoff-delay-ms MS  sleep between handoff chunks (fault-injection tests)\n"
@@ -148,7 +155,7 @@ static void usage(FILE *f) {
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
            O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
-           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_HELP };
+           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_READY, O_HELP };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
         {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
@@ -165,7 +172,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         {"debug-handoff-delay-ms", required_argument, 0, O_DELAY}, {"activations", required_argument, 0, O_ACT},
         {"handoff-transport", required_argument, 0, O_XPORT}, {"nccl-max-links", required_argument, 0, O_NLINKS},
         {"nccl-idle-seconds", required_argument, 0, O_NIDLE}, {"nccl-connect-seconds", required_argument, 0, O_NCONN},
-        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"handoff-ready-slots", required_argument, 0, O_READY}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     kd_engine_config_defaults(&o->eng);
     o->listen = "127.0.0.1:50051", o->role = "decode", o->backend = "auto";
@@ -174,7 +181,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     o->eng.prefix_cache_bytes = (size_t)256 << 20;
     o->eng.max_batch_tokens = 0;
     o->default_spec = 3, o->cq_threads = 2, o->max_message_bytes = 4 << 20, o->retry_pushback_ms = 200;
-    o->drain_seconds = 30, o->handoff_lease_seconds = 30;
+    o->drain_seconds = 30, o->handoff_lease_seconds = 30, o->handoff_ready_slots = 2;
     o->handoff_transport = "auto", o->nccl_max_links = 8, o->nccl_idle_seconds = 300, o->nccl_connect_seconds = 10;
     long long v;
     unsigned long long u;
@@ -192,6 +199,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             bad = strcmp(optarg, "decode") && strcmp(optarg, "prefill") && strcmp(optarg, "both");
             break;
         case O_LEASE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->handoff_lease_seconds); break;
+        case O_READY: bad = kd_parse_i64(optarg, 0, kHandoffPool, &v); o->handoff_ready_slots = (int32_t)v; break;
         case O_PEERCA: o->peer_tls_ca = optarg; break;
         case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
         case O_XPORT:
@@ -327,7 +335,14 @@ typedef struct server {
     int n_calls;             /* call objects alive (for shutdown) */
     uint64_t next_id;
     watch_call *watchers;
-    kd_engine_stats snap;    /* published after every step */
+    kd_engine_stats snap;    /* published after every step (slots_used: without the pool's) */
+    /* Slots the engine thread keeps reserved for arriving handoffs, so that a PushState header
+     * takes one at once instead of waiting for the engine thread (which may be inside a step
+     * of several milliseconds); refilled between steps, given back while requests wait or
+     * the worker is not serving. Not counted as used in GetLoads or the metrics. */
+    int32_t pool[kHandoffPool];
+    int n_pool, pool_target;
+    int pool_wake;           /* the pool wants the engine thread (a slot taken, the state changed) */
     int64_t tokens_in_flight;
     handoff *handoffs;       /* states arrived or arriving by PushState */
     int n_handoffs;
@@ -1133,12 +1148,15 @@ static void gen_on_event(sink *k, const kd_event *ev) {
 static void publish(const kd_engine_stats *prev, const kd_engine_stats *st) {
     pthread_mutex_lock(&g_srv.mu);
     g_srv.snap = *st;
+    g_srv.snap.slots_used -= g_srv.n_pool; /* free for whoever comes */
+    const int32_t used = g_srv.snap.slots_used, ready = g_srv.n_pool;
     pthread_mutex_unlock(&g_srv.mu);
     kd_metrics *m = g_srv.metrics;
-    kd_metrics_set(m, KD_G_SLOTS_USED, st->slots_used);
+    kd_metrics_set(m, KD_G_HANDOFF_SLOTS_READY, ready);
+    kd_metrics_set(m, KD_G_SLOTS_USED, used);
     kd_metrics_set(m, KD_G_SLOTS_TOTAL, st->slots_total);
-    kd_metrics_set(m, KD_G_SLOT_UTILISATION, st->slots_total ? (double)st->slots_used / st->slots_total : 0);
-    kd_metrics_set(m, KD_G_RUNNING, st->slots_used);
+    kd_metrics_set(m, KD_G_SLOT_UTILISATION, st->slots_total ? (double)used / st->slots_total : 0);
+    kd_metrics_set(m, KD_G_RUNNING, used);
     kd_metrics_set(m, KD_G_WAITING, st->waiting);
     kd_metrics_set(m, KD_G_PREFIX_ENTRIES, (double)st->prefix.entries);
     kd_metrics_add(m, KD_C_STEPS, (uint64_t)(st->steps - prev->steps));
@@ -1147,6 +1165,14 @@ static void publish(const kd_engine_stats *prev, const kd_engine_stats *st) {
     kd_metrics_add(m, KD_C_PREFIX_QUERIES, st->prefix.queries - prev->prefix.queries);
     kd_metrics_add(m, KD_C_PREFIX_HITS, st->prefix.hits - prev->prefix.hits);
     kd_metrics_add(m, KD_C_PREFIX_HIT_TOKENS, st->prefix.hit_tokens - prev->prefix.hit_tokens);
+}
+
+/* Engine thread, g_srv.mu held: gives the handoff pool's slots beyond `keep` back to the
+ * engine. Returns whether there were any. */
+static int pool_shrink_locked(int keep) {
+    const int had = g_srv.n_pool;
+    while (g_srv.n_pool > keep) kd_engine_release_slot(g_srv.eng, g_srv.pool[--g_srv.n_pool]);
+    return g_srv.n_pool != had;
 }
 
 static void run_cmd(cmd *c) {
@@ -1158,6 +1184,11 @@ static void run_cmd(cmd *c) {
         p.id = k->eid;
         kd_submit_status rc = KD_SUBMIT_BUSY;
         if (idmap_put(k->eid, k) == 0) {
+            if (c->slot < 0) { /* the handoff pool's slots are free for it (refilled once it runs) */
+                pthread_mutex_lock(&g_srv.mu);
+                pool_shrink_locked(0);
+                pthread_mutex_unlock(&g_srv.mu);
+            }
             rc = c->slot >= 0 ? kd_engine_submit_reserved(g_srv.eng, c->slot, &p, &err)
                               : kd_engine_submit(g_srv.eng, &p, &err);
             if (rc != KD_SUBMIT_OK) idmap_del(k->eid);
@@ -1187,8 +1218,10 @@ static void run_cmd(cmd *c) {
         free(ids);
         break;
     }
-    case CMD_RESERVE:
-        c->result = kd_engine_reserve_slot(g_srv.eng);
+    case CMD_RESERVE: /* the pool may have taken the slot freed since the caller looked */
+        pthread_mutex_lock(&g_srv.mu);
+        c->result = g_srv.n_pool > 0 ? g_srv.pool[--g_srv.n_pool] : kd_engine_reserve_slot(g_srv.eng);
+        pthread_mutex_unlock(&g_srv.mu);
         break;
     case CMD_RELEASE:
         kd_engine_release_slot(g_srv.eng, c->slot);
@@ -1226,13 +1259,37 @@ static int run_sync(cmd *c) {
     return c->result;
 }
 
+/* Engine thread: brings the handoff pool to its target (the target while serving, with no
+ * request waiting for a slot; else empty, the slots back to the engine). Returns whether it
+ * changed. */
+static int pool_adjust(void) {
+    kd_engine_stats st;
+    kd_engine_stats_get(g_srv.eng, &st);
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.pool_wake = 0;
+    const int want = atomic_load(&g_srv.state) == ST_SERVING && st.waiting == 0 ? g_srv.pool_target : 0;
+    int changed = pool_shrink_locked(want);
+    while (g_srv.n_pool < want) {
+        const int32_t s = kd_engine_reserve_slot(g_srv.eng);
+        if (s < 0) break;
+        g_srv.pool[g_srv.n_pool++] = s, changed = 1;
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    return changed;
+}
+
 static void *engine_main(void *arg) {
     (void)arg;
     kd_engine_stats prev, st;
     kd_engine_stats_get(g_srv.eng, &prev);
     for (;;) {
+        if (pool_adjust()) {
+            kd_engine_stats_get(g_srv.eng, &st);
+            publish(&prev, &st);
+            prev = st;
+        }
         pthread_mutex_lock(&g_srv.mu);
-        while (!g_srv.cmd_head && !g_srv.engine_stop && !kd_engine_has_work(g_srv.eng))
+        while (!g_srv.cmd_head && !g_srv.engine_stop && !kd_engine_has_work(g_srv.eng) && !g_srv.pool_wake)
             pthread_cond_wait(&g_srv.cv, &g_srv.mu);
         if (g_srv.engine_stop && !g_srv.cmd_head) {
             pthread_mutex_unlock(&g_srv.mu);
@@ -1400,6 +1457,8 @@ static void set_state(int st) {
     kd_metrics_set(g_srv.metrics, KD_G_DRAINING, st >= ST_DRAINING);
     pthread_mutex_lock(&g_srv.mu);
     for (watch_call *w = g_srv.watchers; w; w = w->next) watch_send_locked(w);
+    g_srv.pool_wake = 1; /* serving: fill the handoff pool; else empty it */
+    pthread_cond_broadcast(&g_srv.cv);
     pthread_mutex_unlock(&g_srv.mu);
 }
 
@@ -1763,8 +1822,18 @@ static int handoff_begin(const Kdecode__V1__HandoffHeader *hd, handoff **out, ch
         free(h->prompt), free(h);
         return snprintf(msg, len, "out of memory"), KD_STATUS_INTERNAL;
     }
-    c->kind = CMD_RESERVE;
-    h->slot = run_sync(c);
+    pthread_mutex_lock(&g_srv.mu);
+    h->slot = g_srv.n_pool > 0 ? g_srv.pool[--g_srv.n_pool] : -1;
+    if (h->slot >= 0) { /* counted as used from now on (GetLoads); the engine thread refills */
+        g_srv.snap.slots_used++;
+        g_srv.pool_wake = 1;
+        pthread_cond_broadcast(&g_srv.cv);
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+    if (h->slot < 0) { /* none ready (or the worker keeps none): the engine thread reserves one */
+        c->kind = CMD_RESERVE;
+        h->slot = run_sync(c);
+    }
     free(c);
     if (h->slot < 0) {
         free(h->prompt), free(h);
@@ -3381,6 +3450,9 @@ int kd_serve_main(int argc, char **argv) {
     }
 
     if (load_model(o) == 0 && !g_signals) {
+        if (strcmp(g_srv.o.role, "prefill")) /* takes handoffs */
+            g_srv.pool_target = g_srv.o.eng.max_seqs < o->handoff_ready_slots ? (int)g_srv.o.eng.max_seqs
+                                                                             : o->handoff_ready_slots;
         pthread_create(&g_srv.engine_thread, NULL, engine_main, NULL);
         g_srv.engine_started = 1;
         set_state(ST_SERVING);

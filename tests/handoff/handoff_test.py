@@ -1378,6 +1378,29 @@ class FaultTest(unittest.TestCase):
         self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
         self.assert_served(L, "lease expiry")
 
+    def test_handoff_slots_ready(self):
+        """A decode worker holds up to two free slots ready for arriving handoffs, so that a
+        header does not wait for the engine thread's step: the metric shows them, GetLoads counts
+        them as free, a header takes one and the worker refills from what is free, and a normal
+        request still gets a slot when the pool holds them all."""
+        L = Server("decode48-pool", ["--role", "decode", "--max-seqs", "2", "--metrics-listen", "127.0.0.1:0"],
+                   model=self.big)
+        self.servers.append(L)
+        L.wait_ready()
+        ready = lambda: L.metrics()["kdecode_handoff_slots_ready"]
+        wait_until(lambda: ready() == 2, T(10), "both slots held ready on an idle decode worker")
+        self.assertEqual((L.loads().slots_used, L.metrics()["kdecode_slots_used"]), (0, 0))
+        rid = self.new_id("pool")
+        c, d, _ = self.push(self.stream(rid), L)
+        self.assertEqual(c, SC.OK, d)
+        l = L.loads()
+        self.assertEqual((l.handoffs_pending, l.slots_used), (1, 1), f"GetLoads with one pending handoff: {l}")
+        wait_until(lambda: ready() == 1, T(10), "the pool to hold the one slot left")
+        c, d, toks, _ = claim(L, rid, self.max_tokens - 1)
+        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_served(L, "the handoff pool")  # a Generate while the pool held both slots
+        wait_until(lambda: ready() == 2, T(10), "the pool refilled once idle")
+
     def test_no_free_slot(self):
         """More handoffs than slots: RESOURCE_EXHAUSTED with a retry pushback; the others intact."""
         n = self.D.server_info.max_seqs
