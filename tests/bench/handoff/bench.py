@@ -286,8 +286,8 @@ def main():
         f"| raw TCP loopback | {res['tcp_floor_gib_s']:.2f} |",
         f"| memcpy (one core) | {res['memcpy_gib_s']:.2f} |",
         f"| **ratio handoff / TCP** | **{ratio:.0%}** (median of per-request pairs: {pair_ratio:.0%}; "
-        (f"target >= {TARGET:.0%}, for an idle decode worker: not applicable here) |" if ARGS.busy else
-         f"target >= {TARGET:.0%}: {'met' if ratio >= TARGET else 'NOT met'}) |"),
+        + (f"target >= {TARGET:.0%}, for an idle decode worker: not applicable here) |" if ARGS.busy else
+           f"target >= {TARGET:.0%}: {'met' if ratio >= TARGET else 'NOT met'}) |"),
         "",
         f"Decode side (kdecode_handoff_duration_seconds, from the PushState call to the verified state): mean "
         f"{ms(recv_mean)} ms. The first decoded token includes one decode step of this model on the CPU "
