@@ -17,7 +17,8 @@ FaultTest: the kimi-linear-48b-state model (42.8 MiB of state per request, 43 ch
   by `kdecode mkmodel` at start-up). A real PushState stream is captured by a fake decode
   worker (a Python grpc server) from a real prefill worker (header, chunks, and the trailer
   with the checksums), then replayed, modified, against a real decode worker. After every fault the decode worker must show slots_used == 0 and
-  handoffs_pending == 0 in GetLoads and still serve a normal request.
+  handoffs_pending == 0 in GetLoads and still serve a normal request. Also the slots a decode
+  worker holds ready for arriving handoffs (--handoff-ready-slots).
 
 Environment (set by handoff_test.sh): KDECODE_BIN, KDCTL_BIN, KDECODE_MODEL (the demo
 model), KDECODE_PROTO (decoder.proto), KDECODE_TIME_SCALE (stretches every wait; 4 under
