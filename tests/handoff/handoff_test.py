@@ -1401,6 +1401,18 @@ class FaultTest(unittest.TestCase):
         self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
         self.assert_served(L, "the handoff pool")  # a Generate while the pool held both slots
         wait_until(lambda: ready() == 2, T(10), "the pool refilled once idle")
+        # --handoff-ready-slots 0: none held; a header reserves its slot through the engine thread
+        Z = Server("decode48-nopool", ["--role", "decode", "--max-seqs", "2", "--handoff-ready-slots", "0",
+                                       "--metrics-listen", "127.0.0.1:0"], model=self.big)
+        self.servers.append(Z)
+        Z.wait_ready()
+        rid = self.new_id("nopool")
+        c, d, _ = self.push(self.stream(rid), Z)
+        self.assertEqual(c, SC.OK, d)
+        self.assertEqual((Z.metrics()["kdecode_handoff_slots_ready"], Z.loads().slots_used), (0, 1))
+        c, d, toks, _ = claim(Z, rid, self.max_tokens - 1)
+        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_served(Z, "no handoff pool")
 
     def test_no_free_slot(self):
         """More handoffs than slots: RESOURCE_EXHAUSTED with a retry pushback; the others intact."""
