@@ -1260,14 +1260,13 @@ static int run_sync(cmd *c) {
 }
 
 /* Engine thread: brings the handoff pool to its target (the target while serving, with no
- * request waiting for a slot; else empty, the slots back to the engine). Returns whether it
- * changed. */
-static int pool_adjust(void) {
-    kd_engine_stats st;
-    kd_engine_stats_get(g_srv.eng, &st);
+ * request waiting for a slot; else empty, the slots back to the engine). st: the engine's
+ * counters as last published (current: every command that changes the queue publishes).
+ * Returns whether it changed. */
+static int pool_adjust(const kd_engine_stats *st) {
     pthread_mutex_lock(&g_srv.mu);
     g_srv.pool_wake = 0;
-    const int want = atomic_load(&g_srv.state) == ST_SERVING && st.waiting == 0 ? g_srv.pool_target : 0;
+    const int want = atomic_load(&g_srv.state) == ST_SERVING && st->waiting == 0 ? g_srv.pool_target : 0;
     int changed = pool_shrink_locked(want);
     while (g_srv.n_pool < want) {
         const int32_t s = kd_engine_reserve_slot(g_srv.eng);
@@ -1283,7 +1282,7 @@ static void *engine_main(void *arg) {
     kd_engine_stats prev, st;
     kd_engine_stats_get(g_srv.eng, &prev);
     for (;;) {
-        if (pool_adjust()) {
+        if (pool_adjust(&prev)) {
             kd_engine_stats_get(g_srv.eng, &st);
             publish(&prev, &st);
             prev = st;

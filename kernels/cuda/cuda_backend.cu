@@ -1032,20 +1032,25 @@ extern "C" int kd_cuda_set_graphs(kd_backend *b, int on) {
     return 0;
 }
 
-extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
+// A setting that changes what the captured graphs hold: the backend with its graphs dropped
+// (the next batches capture them again), or NULL when b is not a CUDA backend.
+static cu_backend *regraph(kd_backend *b) {
     cu_backend *cb = as_cuda(b);
-    if (!cb) return -1;
+    if (!cb) return NULL;
     if (cb->dev >= 0) cudaSetDevice(cb->dev);
     drop_graphs(cb);
+    return cb;
+}
+
+extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
+    if (!regraph(b)) return -1;
     kd_kda_pdl(on ? 1 : 0);
     return 0;
 }
 
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) {
-    cu_backend *cb = as_cuda(b);
+    cu_backend *cb = regraph(b);
     if (!cb) return -1;
-    if (cb->dev >= 0) cudaSetDevice(cb->dev);
-    drop_graphs(cb);
     cb->skinny = on ? 1 : 0;
     return 0;
 }

@@ -228,6 +228,10 @@ int main(int argc, char **argv) {
                 copy_bw / 1e9, md.c_str());
         fclose(f);
     }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cublasDestroy(blas);
+    CK(cudaFree(ws));
+    CK(cudaStreamDestroy(st));
     printf(bad ? "GEMM BENCH: %d MISMATCHES\n" : "GEMM BENCH DONE\n", bad);
     return bad ? 1 : 0;
 }

@@ -733,6 +733,18 @@ class FaultTest(unittest.TestCase):
         self.ids.append(rid)
         return rid
 
+    def decode_worker(self, name, *flags):
+        """Another decode worker on the kimi-linear-48b-state model (--role decode, the flags), ready."""
+        w = Server(name, ["--role", "decode", *flags], model=self.big)
+        self.servers.append(w)
+        w.wait_ready()
+        return w
+
+    def assert_claims(self, server, rid):
+        """Generate with handoff id rid decodes the reference tokens."""
+        c, d, toks, _ = claim(server, rid, self.max_tokens - 1)
+        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+
     def push(self, msgs, server=None, timeout=None):
         """Replays PushState messages (PushStateRequest or raw bytes): (code, details, response)."""
         server = server or self.D
@@ -974,8 +986,7 @@ class FaultTest(unittest.TestCase):
         c, d, resp = self.push(msgs)
         self.assertEqual(c, SC.OK, f"{d}\n{self.D.tail()}")
         self.assertEqual(resp.bytes_received, self.header.layout.total_bytes)
-        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(self.D, rid)
         rid = self.new_id("bad-sum-in-header")
         h = pb.HandoffHeader()
         h.CopyFrom(self.header_with_sums)
@@ -998,8 +1009,7 @@ class FaultTest(unittest.TestCase):
         small = [data[i:i + 300000] for i in range(0, len(data), 300000)]
         c, d, _ = self.push(self.stream(rid, chunks=small))
         self.assertEqual(c, SC.OK, d)
-        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(self.D, rid)
         self.assert_served(what="smaller chunks")
 
     # ------------------------------------------------------ broken protocol
@@ -1136,8 +1146,7 @@ class FaultTest(unittest.TestCase):
             c, d, _ = rpc_code(generate, self.D, req)
             self.assertEqual(c, SC.INVALID_ARGUMENT, f"{what}: {d}")
             self.assertEqual(self.D.loads().handoffs_pending, 1, what)
-        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(self.D, rid)
         self.assert_served(what="refused claims")
 
     def test_wrong_layout(self):
@@ -1230,8 +1239,7 @@ class FaultTest(unittest.TestCase):
         finally:
             gate.set()
         self.assertEqual(fut.result().handoff_id, rid)
-        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(self.D, rid)
         self.assert_served(what="a duplicate id while arriving")
 
     def test_claim_unknown_id(self):
@@ -1351,15 +1359,12 @@ class FaultTest(unittest.TestCase):
         l = self.D.loads()
         self.assertEqual((l.handoffs_pending, l.slots_used), (1, 1),
                          f"GetLoads with one ready, unclaimed handoff on an idle worker: {l}")
-        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(self.D, rid)
         self.assert_served(what="a pending handoff")
 
     def test_lease_expiry(self):
-        L = Server("decode48-lease1", ["--role", "decode", "--max-seqs", "2", "--handoff-lease-seconds", "1",
-                                       "--metrics-listen", "127.0.0.1:0"], model=self.big)
-        self.servers.append(L)
-        L.wait_ready()
+        L = self.decode_worker("decode48-lease1", "--max-seqs", "2", "--handoff-lease-seconds", "1",
+                               "--metrics-listen", "127.0.0.1:0")
         rid = self.new_id("lease")
         c, d, resp = self.push(self.stream(rid), L)
         self.assertEqual(c, SC.OK, d)
@@ -1375,8 +1380,7 @@ class FaultTest(unittest.TestCase):
         rid = self.new_id("lease-ok")
         c, d, _ = self.push(self.stream(rid), L)
         self.assertEqual(c, SC.OK, d)
-        c, d, toks, _ = claim(L, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(L, rid)
         self.assert_served(L, "lease expiry")
 
     def test_handoff_slots_ready(self):
@@ -1384,10 +1388,7 @@ class FaultTest(unittest.TestCase):
         header does not wait for the engine thread's step: the metric shows them, GetLoads counts
         them as free, a header takes one and the worker refills from what is free, and a normal
         request still gets a slot when the pool holds them all."""
-        L = Server("decode48-pool", ["--role", "decode", "--max-seqs", "2", "--metrics-listen", "127.0.0.1:0"],
-                   model=self.big)
-        self.servers.append(L)
-        L.wait_ready()
+        L = self.decode_worker("decode48-pool", "--max-seqs", "2", "--metrics-listen", "127.0.0.1:0")
         ready = lambda: L.metrics()["kdecode_handoff_slots_ready"]
         wait_until(lambda: ready() == 2, T(10), "both slots held ready on an idle decode worker")
         self.assertEqual((L.loads().slots_used, L.metrics()["kdecode_slots_used"]), (0, 0))
@@ -1397,21 +1398,17 @@ class FaultTest(unittest.TestCase):
         l = L.loads()
         self.assertEqual((l.handoffs_pending, l.slots_used), (1, 1), f"GetLoads with one pending handoff: {l}")
         wait_until(lambda: ready() == 1, T(10), "the pool to hold the one slot left")
-        c, d, toks, _ = claim(L, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(L, rid)
         self.assert_served(L, "the handoff pool")  # a Generate while the pool held both slots
         wait_until(lambda: ready() == 2, T(10), "the pool refilled once idle")
         # --handoff-ready-slots 0: none held; a header reserves its slot through the engine thread
-        Z = Server("decode48-nopool", ["--role", "decode", "--max-seqs", "2", "--handoff-ready-slots", "0",
-                                       "--metrics-listen", "127.0.0.1:0"], model=self.big)
-        self.servers.append(Z)
-        Z.wait_ready()
+        Z = self.decode_worker("decode48-nopool", "--max-seqs", "2", "--handoff-ready-slots", "0",
+                               "--metrics-listen", "127.0.0.1:0")
         rid = self.new_id("nopool")
         c, d, _ = self.push(self.stream(rid), Z)
         self.assertEqual(c, SC.OK, d)
         self.assertEqual((Z.metrics()["kdecode_handoff_slots_ready"], Z.loads().slots_used), (0, 1))
-        c, d, toks, _ = claim(Z, rid, self.max_tokens - 1)
-        self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        self.assert_claims(Z, rid)
         self.assert_served(Z, "no handoff pool")
 
     def test_no_free_slot(self):
@@ -1431,8 +1428,7 @@ class FaultTest(unittest.TestCase):
             self.assertEqual(e.code(), SC.RESOURCE_EXHAUSTED, e.details())
             self.assertIn("grpc-retry-pushback-ms", dict(e.trailing_metadata() or ()))
         for rid in rids:
-            c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
-            self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+            self.assert_claims(self.D, rid)
         self.assert_served(what="a handoff with no free slot")
 
     # ------------------------------------------------------ dying workers
@@ -1527,9 +1523,7 @@ class FaultTest(unittest.TestCase):
     def test_sigterm_with_pending_handoffs(self):
         """SIGTERM on a decode worker holding a ready handoff and receiving another: it exits 0
         (under the sanitizers: without leaks), the arriving push fails, nothing hangs."""
-        V = Server("decode48-term", ["--role", "decode", "--max-seqs", "2", "--drain-seconds", "5"], model=self.big)
-        self.servers.append(V)
-        V.wait_ready()
+        V = self.decode_worker("decode48-term", "--max-seqs", "2", "--drain-seconds", "5")
         c, d, _ = self.push(self.stream(self.new_id("term-ready")), V)
         self.assertEqual(c, SC.OK, d)
         gate = threading.Event()
@@ -1554,9 +1548,7 @@ class FaultTest(unittest.TestCase):
         self.assertIn(cm.exception.code(), (SC.UNAVAILABLE, SC.CANCELLED), cm.exception.details())
 
     def test_dead_decode_worker_before_prefill(self):
-        V = Server("decode48-dead", ["--role", "decode", "--max-seqs", "1"], model=self.big)
-        self.servers.append(V)
-        V.wait_ready()
+        V = self.decode_worker("decode48-dead", "--max-seqs", "1")
         target = V.target
         V.proc.kill()
         V.killed = True
