@@ -103,15 +103,15 @@ __device__ __forceinline__ void bf16x8(uint4 v, float (&f)[8]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
 }
-template <int MT, int RW, int U>
-__global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
-                                                         const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
-                                                         int64_t ldc) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t r0 = ((int64_t)blockIdx.x * 8 + warp) * RW;
+// A warp's sums over rows r0 .. r0 + RW - 1 of W times the M activation rows, over the lane's
+// chunks c0, c0 + STEP, ... (STEP 1: the whole row; 8: a warp's share of a split row), U in
+// flight; the first loads are issued before the programmatic wait (weights are never written).
+template <int MT, int RW, int U, int STEP>
+__device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N, int K, const __nv_bfloat16 *A,
+                                             int64_t lda, const __nv_bfloat16 *W, int64_t ldw, int64_t r0, int first,
+                                             int lane) {
     const int nch = (K / 8 + 31) / 32; /* 16-byte chunks a lane takes of a row (the last maybe partial) */
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    float acc[RW][MT];
 #pragma unroll
     for (int r = 0; r < RW; r++)
 #pragma unroll
@@ -120,19 +120,19 @@ __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, co
     auto load = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int k = ((c0 + u) * 32 + lane) * 8;
+            const int c = c0 + u * STEP, k = (c * 32 + lane) * 8;
 #pragma unroll
             for (int r = 0; r < RW; r++)
-                w[r][u] = c0 + u < nch && k < K && r0 + r < N ? ld_weights(W + (r0 + r) * ldw + k) : zero;
+                w[r][u] = c < nch && k < K && r0 + r < N ? ld_weights(W + (r0 + r) * ldw + k) : zero;
         }
     };
-    load(0);
+    load(first);
     kd_dep_start();
-    for (int c0 = 0; c0 < nch; c0 += U) {
+    for (int c0 = first; c0 < nch; c0 += U * STEP) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int k = ((c0 + u) * 32 + lane) * 8;
-            if (c0 + u >= nch || k >= K) continue;
+            const int c = c0 + u * STEP, k = (c * 32 + lane) * 8;
+            if (c >= nch || k >= K) continue;
 #pragma unroll
             for (int m = 0; m < MT; m++) {
                 if (m >= M) break;
@@ -147,17 +147,29 @@ __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, co
                 }
             }
         }
-        load(c0 + U);
+        load(c0 + U * STEP);
     }
 #pragma unroll
     for (int r = 0; r < RW; r++)
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
-            float v = acc[r][m];
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, v, beta);
-        }
+            for (int o = 16; o >= 1; o /= 2) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+}
+
+template <int MT, int RW, int U>
+__global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
+                                                         const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
+                                                         int64_t ldc) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r0 = ((int64_t)blockIdx.x * 8 + warp) * RW;
+    float acc[RW][MT];
+    row_partials<MT, RW, U, 1>(acc, M, N, K, A, lda, W, ldw, r0, 0, lane);
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+            if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, acc[r][m], beta);
 }
 
 template <int NW, int U, bool CONTIG>
@@ -169,6 +181,51 @@ cudaError_t launch_tc(int m, int n, int kb, const __nv_bfloat16 *A, int64_t lda,
     case 2: return kd_launch_dep(skinny_tc_kernel<2, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
     case 3: return kd_launch_dep(skinny_tc_kernel<3, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
     default: return kd_launch_dep(skinny_tc_kernel<4, NW, U, CONTIG>, grid, block, 0, s, m, n, kb, A, lda, W, ldw, beta, C, ldc);
+    }
+}
+
+// ---- the split-K row form (M <= MT <= 4): a block of 8 warps takes RW rows of W; its warps
+// split each row's 16-byte chunks (warp w: chunks w, w + 8, ...: the block reads 4 KB of a row
+// at a time), U chunks a row in flight a lane; warp sums by shuffles, then the 8 warps' sums
+// in shared memory in a fixed order. Many more warps than the row form at small N (the down
+// projection and o_proj of the 48B preset: N = 2304).
+template <int MT, int RW, int U>
+__global__ void __launch_bounds__(256) skinny_rowk_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
+                                                          const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
+                                                          int64_t ldc) {
+    __shared__ float red[8][RW][MT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r0 = (int64_t)blockIdx.x * RW;
+    float acc[RW][MT];
+    row_partials<MT, RW, U, 8>(acc, M, N, K, A, lda, W, ldw, r0, warp, lane);
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+            if (lane == 0) red[warp][r][m] = acc[r][m];
+    __syncthreads();
+    if (threadIdx.x < RW * MT) {
+        const int r = threadIdx.x / MT, m = threadIdx.x % MT;
+        if (m < M && r0 + r < N) {
+            float sum = 0.f;
+#pragma unroll
+            for (int x = 0; x < 8; x++) sum += red[x][r][m];
+            store_c(C + m * ldc + r0 + r, sum, beta);
+        }
+    }
+}
+
+template <int RW, int U>
+cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
+                        float beta, float *C, int64_t ldc, cudaStream_t s) {
+    const dim3 grid((unsigned)((n + RW - 1) / RW)), block(256);
+    switch (m) {
+#define KD_SKINNY_ROWK(MT) \
+    kd_launch_dep(skinny_rowk_kernel<MT, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc)
+    case 1: return KD_SKINNY_ROWK(1);
+    case 2: return KD_SKINNY_ROWK(2);
+    default: return KD_SKINNY_ROWK(4);
+#undef KD_SKINNY_ROWK
     }
 }
 
@@ -225,6 +282,8 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
     case 6: return launch_row<1, 4>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 7: return launch_row<2, 4>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 8: return launch_row<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 9: return launch_rowk<2, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 10: return launch_rowk<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -15,7 +15,9 @@ drives `kdecode serve` and `kdctl`). Run by tests/nccl/run_device.sh:
    worker's live link (the stale link is refused, the prefill worker connects anew).
 3. Benchmark on the kimi-linear-48b-state model (42.8 MiB of state): PrefillResponse's
    handoff_seconds and transfer_seconds over NCCL and over gRPC, against cudaMemcpyPeer of the
-   same bytes measured by peer_bench in the same run.
+   same bytes measured by peer_bench in the same run. With --busy, one request decodes on the
+   decode worker throughout (handoffs arrive mid-step); --decode-args adds flags to its decode
+   worker (e.g. "--handoff-ready-slots 0").
 Writes nccl_h200.json (+ logs) under --out; exits non-zero when a check fails."""
 import argparse
 import json
@@ -234,11 +236,22 @@ def equality(demo):
 
 
 def bench(m48, floor, env=None):
-    D = Server("decode48", m48, "1,0", ["--role", "decode", "--handoff-transport", "nccl", "--max-seqs", "4"], env)
+    D = Server("decode48", m48, "1,0", ["--role", "decode", "--handoff-transport", "nccl", "--max-seqs", "4",
+                                        *ARGS.decode_args.split()], env)
     P = Server("prefill48-nccl", m48, "0,1", ["--role", "prefill", "--handoff-transport", "nccl"], env)
     G = Server("prefill48-grpc", m48, "0,1", ["--role", "prefill", "--handoff-transport", "grpc"], env)
     prompt = list(range(1, 17))
     res = {}
+    busy = None
+    if ARGS.busy:  # one request decodes on the decode worker throughout: handoffs arrive mid-step
+        busy = subprocess.Popen([os.path.join(ARGS.bin, "kdctl"), "generate", "--target", D.target, "--timeout", 600,
+                                 "--prompt-ids", "7,8,9", "--max-tokens", "1000000", "--ignore-eos", "--json",
+                                 "--draft", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while loads(D.target).get("slots_used", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        res["busy"] = busy.poll() is None
     for name, pw in (("nccl", P), ("grpc", G)):
         hs, xs, e2e = [], [], []
         for i in range(ARGS.bench + 3):
@@ -264,6 +277,10 @@ def bench(m48, floor, env=None):
         ready = ready[3:] or ready
         for i, k in enumerate(("decode_side", "decode_posted", "decode_landed", "decode_gpu", "decode_checked")):
             res["nccl"][k + "_us_median"] = statistics.median(float(r[i]) for r in ready) * 1e6
+    if busy:
+        check(busy.poll() is None, "the busy request decoded throughout the benchmark")
+        busy.kill()
+        busy.wait()
     wait_idle(D.target, "after the benchmark")
     for s in (P, G, D):
         s.stop()
@@ -283,6 +300,8 @@ def main():
     ap.add_argument("--bench-only", action="store_true", help="the benchmark alone")
     ap.add_argument("--env", action="append", default=[], help="K=V for the benchmark's servers (NCCL tuning)")
     ap.add_argument("--tag", default="nccl_device", help="name of the result files")
+    ap.add_argument("--busy", action="store_true", help="the benchmark with one request decoding on the decode worker")
+    ap.add_argument("--decode-args", default="", help="more flags for the benchmark's decode worker")
     ARGS = ap.parse_args()
     LOGS = os.path.join(ARGS.out, "logs")
     os.makedirs(LOGS, exist_ok=True)
@@ -305,6 +324,7 @@ def main():
     except Exception as e:
         check(False, f"bench: {e}")
     res["env"] = env
+    res["decode_args"] = ARGS.decode_args
     res["fails"] = FAILS
     res["requests"] = ARGS.requests
     res["seed"] = ARGS.seed
