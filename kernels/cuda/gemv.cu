@@ -251,16 +251,18 @@ int kd_cu_skinny_ok(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
 }
 
 int kd_cu_skinny_pick(int64_t M, int64_t N, int64_t K) {
-    (void)N;
     /* From gemm_bench on the H200 (tests/bench/results/gemm_h200.md), per launch in a graph
      * with the weights out of L2, cuBLAS's nvjet kernels already stream the large products at
      * 3.2-4.3 TB/s; the skinny kernel wins where they cannot fill the machine or a row's
-     * loads: K <= 256 (f_proj.1 / g_proj.1 at 48B: 1.65-2.55 vs 2.76-2.82 us at M = 1..32)
-     * and M = 1 up to K = 4096 (the input projection 16.2 vs 17.6 us, o_proj 8.8 vs 9.2,
-     * gate|up 24.1 vs 24.8, the head 169.9 vs 175.4). At M = 1, K = 9216 (the down
-     * projection: 16.1-17.1 vs 15.3) and from M = 4 on the larger products, cuBLAS. */
+     * loads: K <= 256 (f_proj.1 / g_proj.1 at 48B: 1.68-2.58 vs 2.77-2.85 us at M = 1..32);
+     * at M = 1 the split-K row form where N is small and K long (o_proj 6.99 vs cuBLAS 9.21
+     * and the row form 8.85; the down projection 13.11 vs 15.71), the row form up to
+     * K = 4096 otherwise (the input projection 16.19 vs 17.61, gate|up 23.86 vs 24.83, the
+     * head 166.6 vs 172.9). From M = 4 on the larger products, cuBLAS (the split-K form at
+     * M = 4: o_proj 10.5 vs 9.3, down 19.4 vs 15.5). */
     if (M < 1 || M > KD_SKINNY_MAX_M) return 0;
     if (K <= 256) return M == 1 ? 5 : 4;
+    if (M == 1 && K >= 4096 && N <= 4096) return 9;
     if (M == 1 && K <= 4096) return 5;
     return 0;
 }

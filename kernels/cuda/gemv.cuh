@@ -13,7 +13,11 @@
 //
 // The row form (M <= 4): each warp takes whole rows of W; a lane loads 16 bytes of a row per
 // 256 keys (a warp reads 512 contiguous bytes of a row at a time), several chunks of one or
-// more rows in flight; products in fp32 on the CUDA cores, warp sums by shuffles.
+// more rows in flight; products in fp32 on the CUDA cores, warp sums by shuffles. Its
+// split-K variant puts a block's 8 warps on the same few rows (each warp every 8th chunk of
+// a row, the block reads 4 KB of a row at a time), then sums the warps' partials in shared
+// memory in a fixed order: many more warps in flight when N is small and K long (o_proj and
+// the down projection at M = 1).
 //
 // The tensor-core form: a block takes 16 rows of W; its warps split K in 32-wide key blocks
 // and the block adds their 16 x M partial products in shared memory, in a fixed order (the

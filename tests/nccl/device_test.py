@@ -237,6 +237,7 @@ def equality(demo):
 
 def bench(m48, floor, env=None):
     D = Server("decode48", m48, "1,0", ["--role", "decode", "--handoff-transport", "nccl", "--max-seqs", "4",
+                                        *(["--max-model-len", "1000000"] if ARGS.busy else []),
                                         *ARGS.decode_args.split()], env)
     P = Server("prefill48-nccl", m48, "0,1", ["--role", "prefill", "--handoff-transport", "nccl"], env)
     G = Server("prefill48-grpc", m48, "0,1", ["--role", "prefill", "--handoff-transport", "grpc"], env)
@@ -244,8 +245,8 @@ def bench(m48, floor, env=None):
     res = {}
     busy = None
     if ARGS.busy:  # one request decodes on the decode worker throughout: handoffs arrive mid-step
-        busy = subprocess.Popen([os.path.join(ARGS.bin, "kdctl"), "generate", "--target", D.target, "--timeout", 600,
-                                 "--prompt-ids", "7,8,9", "--max-tokens", "1000000", "--ignore-eos", "--json",
+        busy = subprocess.Popen([os.path.join(ARGS.bin, "kdctl"), "generate", "--target", D.target, "--timeout", "600",
+                                 "--prompt-ids", "7,8,9", "--max-tokens", "999000", "--ignore-eos", "--json",
                                  "--draft", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while loads(D.target).get("slots_used", 0) < 1 and time.monotonic() < deadline:
