@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t by value (push_rx) */
@@ -334,6 +335,10 @@ typedef struct server {
     int n_live;
     int n_calls;             /* call objects alive (for shutdown) */
     uint64_t next_id;
+    /* Ids given to requests that came without one: "kd-<tag>-<n>", the tag drawn at start, so
+     * that a prefill worker's ids never collide with a decode worker's own (a handoff named
+     * "kd-1" by one worker met a live "kd-1" of the other: ALREADY_EXISTS) */
+    uint32_t id_tag;
     watch_call *watchers;
     kd_engine_stats snap;    /* published after every step (slots_used: without the pool's) */
     /* Slots the engine thread keeps reserved for arriving handoffs, so that a PushState header
@@ -965,8 +970,8 @@ static void gen_recv_done(void *obj, int ok) {
     if (code == KD_STATUS_OK) {
         c = calloc(1, sizeof *c);
         pthread_mutex_lock(&g_srv.mu);
-        if (!g->req.request_id[0]) snprintf(g->req.request_id, sizeof g->req.request_id, "kd-%llu",
-                                            (unsigned long long)(g_srv.next_id + 1));
+        if (!g->req.request_id[0]) snprintf(g->req.request_id, sizeof g->req.request_id, "kd-%08x-%llu",
+                                            g_srv.id_tag, (unsigned long long)(g_srv.next_id + 1));
         if (!c) {
             code = KD_STATUS_INTERNAL;
             snprintf(msg, sizeof msg, "out of memory");
@@ -2758,7 +2763,8 @@ static void prefill_recv_done(void *obj, int ok) {
         p->params.export_state = p->state;
         cmd *c = calloc(1, sizeof *c);
         pthread_mutex_lock(&g_srv.mu);
-        if (!p->id[0]) snprintf(p->id, sizeof p->id, "kd-%llu", (unsigned long long)(g_srv.next_id + 1));
+        if (!p->id[0])
+            snprintf(p->id, sizeof p->id, "kd-%08x-%llu", g_srv.id_tag, (unsigned long long)(g_srv.next_id + 1));
         if (!c) {
             code = KD_STATUS_INTERNAL;
             snprintf(msg, sizeof msg, "out of memory");
@@ -3370,6 +3376,11 @@ int kd_serve_main(int argc, char **argv) {
     if (parse_opts(argc, argv, o)) return 2;
     pthread_mutex_init(&g_srv.mu, NULL);
     pthread_cond_init(&g_srv.cv, NULL);
+    if (getrandom(&g_srv.id_tag, sizeof g_srv.id_tag, 0) != (ssize_t)sizeof g_srv.id_tag) {
+        struct timespec ts; /* no entropy source: the clock and the pid still separate workers */
+        clock_gettime(CLOCK_REALTIME, &ts);
+        g_srv.id_tag = (uint32_t)ts.tv_nsec ^ (uint32_t)ts.tv_sec * 2654435761u ^ (uint32_t)getpid() << 16;
+    }
     atomic_store(&g_srv.state, ST_LOADING);
     g_srv.metrics = kd_metrics_create();
     if (!g_srv.metrics) return fprintf(stderr, "kdecode serve: out of memory\n"), 1;

@@ -1311,22 +1311,54 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // (the mma accumulator layout), folds, stores, and runs the window product; the solve
 // follows. Nothing goes through a work space in device memory.
 
-// The one-pass prologue (see below), the records and the window's inputs read through rec(t,
-// c, kr, d) and win(t, c, kw, qw, dw): threads [0, 128) the fold weights wf and cpF, threads
-// [128, 256) the window's decayed keys and queries aw, the new key/decay records (if
-// write_rec) and the warps' sums for M and N in red; the padding rows of wf and aw zeroed.
-template <int K, int NT, class Rec, class Win>
-__device__ __forceinline__ void onepass_prologue(const kd_kda_args &a, const kd_kda_row &row, int h, bool write_rec,
-                                                 float *wf, float *cpF, float *aw, float *red, Rec rec, Win win) {
-    constexpr int KP = K + 8, NTH = 256, NR = 144;
-    const int T = row.len, F = row.fold, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c = tid % 128;
+__host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
+    /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
+     * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
+    return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
+}
+
+template <int K, int NT>
+__global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
+    const kd_kda_row row = a.rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
+    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int j0 = blockIdx.x * CB;
+    const size_t slot = (size_t)row.slot;
+    float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
+    float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
+    float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
+    // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
+    // corrections, v and beta, then its other half (folded and stored while that half lands)
+    tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
+    for (int i = tid; i < F * CB; i += NTH) {
+        const int t = i / CB, jj = i % CB;
+        if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
+        else su[t * UP + jj] = 0.f;
+    }
+    for (int i = tid; i < T * CB; i += NTH) {
+        const int t = i / CB, jj = i % CB;
+        if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
+        else sv[i] = 0.f;
+    }
+    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
+    cp_async_commit();
+    tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+    cp_async_commit();
+    // (1) the prologue, in two halves
+    const int c = tid % 128;
     const bool act = c < K;
     if (tid < 128) { /* the records (keys and decays): fold weights */
+        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
         float kr[16], d[16];
 #pragma unroll
         for (int t = 0; t < 16; t++) {
             kr[t] = 0.f, d[t] = 1.f;
-            if (t < F && act) rec(t, c, kr[t], d[t]);
+            if (t < F && act) {
+                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+                kr[t] = rk[c], d[t] = rk[K + c];
+            }
         }
         float p = 1.f;
 #pragma unroll
@@ -1338,13 +1370,17 @@ __device__ __forceinline__ void onepass_prologue(const kd_kda_args &a, const kd_
         if (act) cpF[c] = p;
     } else { /* the window: decayed keys and queries, M and N; the new records */
         float kw[8], qw[8], dw[8];
-        float *kg_new = a.rec_kg + (((size_t)row.slot * 2 + (row.kg_read ^ 1)) * a.Tw) * (size_t)a.HV * 2 * K;
+        float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             kw[t] = qw[t] = dw[t] = 0.f;
-            if (t < T && act) win(t, c, kw[t], qw[t], dw[t]);
+            if (t < T && act) {
+                const size_t n = (size_t)row.start + t;
+                kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+                dw[t] = a.decay[(n * a.HV + h) * K + c];
+            }
         }
-        if (write_rec && act)
+        if (blockIdx.x == 0 && act)
 #pragma unroll
             for (int t = 0; t < 8; t++)
                 if (t < T) {
@@ -1360,86 +1396,23 @@ __device__ __forceinline__ void onepass_prologue(const kd_kda_args &a, const kd_
                 if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
             }
     }
-    const int nf = (F + 7) / 8 * 8;
-    for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
-    for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
-}
-// After the block's barrier: M and N ([64] each, contiguous at M) from the window warps' sums,
-// one entry per thread of the window half (read by the solve, after two more barriers).
-__device__ __forceinline__ void onepass_mn(int tid, int T, const float *red, float *M) {
-    constexpr int NR = 144;
-    if (tid >= 128) {
-        const int c = tid % 128, t = c % 64 / 8, r = c % 8;
+    {
+        const int nf = (F + 7) / 8 * 8;
+        for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    }
+    cp_async_wait1();
+    __syncthreads();
+    if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
+                       * (read by the solve, after two more barriers) */
+        const int t = c % 64 / 8, r = c % 8;
         float x = 0.f;
         if (r <= t && t < T) {
             const int i = 16 + c / 64 * 64 + t * 8 + r;
             x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
         }
-        M[c] = x;
+        M[c] = x; /* M and N are contiguous */
     }
-}
-
-// The per-column inputs of a 128-column tile, by asynchronous copies: the fold's corrections
-// su [F][136], v [T][128], beta [T] (0 past V).
-__device__ __forceinline__ void fetch_columns(const kd_kda_args &a, const kd_kda_row &row, int h, int j0, float *su,
-                                              float *sv, float *sb) {
-    constexpr int CB = 128, UP = CB + 8;
-    const int V = a.V, T = row.len, F = row.fold, tid = threadIdx.x;
-    const size_t slot = (size_t)row.slot;
-    for (int i = tid; i < F * CB; i += blockDim.x) {
-        const int t = i / CB, jj = i % CB;
-        if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * a.Tw + t) * a.HV + h) * V + j0 + jj);
-        else su[t * UP + jj] = 0.f;
-    }
-    for (int i = tid; i < T * CB; i += blockDim.x) {
-        const int t = i / CB, jj = i % CB;
-        if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
-        else sv[i] = 0.f;
-    }
-    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
-}
-
-__host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
-    /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
-     * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
-    return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
-}
-
-template <int K, int NT>
-__global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
-    extern __shared__ __align__(16) float smem[];
-    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NR = 144;
-    const kd_kda_row row = a.rows[blockIdx.z];
-    const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
-    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-    const int j0 = blockIdx.x * CB;
-    const size_t slot = (size_t)row.slot;
-    float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
-    float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
-    float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
-    // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
-    // corrections, v and beta, then its other half (folded and stored while that half lands)
-    tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
-    fetch_columns(a, row, h, j0, su, sv, sb);
-    cp_async_commit();
-    tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
-    cp_async_commit();
-    // (1) the prologue, in two halves (from global memory)
-    const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-    onepass_prologue<K, NT>(
-        a, row, h, blockIdx.x == 0, wf, cpF, aw, red,
-        [&](int t, int c, float &kr, float &d) {
-            const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-            kr = rk[c], d = rk[K + c];
-        },
-        [&](int t, int c, float &kw, float &qw, float &dw) {
-            const size_t n = (size_t)row.start + t;
-            kw = a.kn[(n * a.H + hk) * K + c], qw = a.qn[(n * a.H + hk) * K + c];
-            dw = a.decay[(n * a.HV + h) * K + c];
-        });
-    cp_async_wait1();
-    __syncthreads();
-    onepass_mn(tid, T, red, M);
     // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
     // channels while the second lands), window product
     const int vl = warp * 16 + 2 * g;
@@ -1461,93 +1434,6 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     __syncthreads();
     // (3) per value column: the triangular solve
     if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
-}
-
-// ------------------------------------------------------------ streaming verify
-// The one-pass verify as a persistent kernel: one block of 8 warps an SM walks the
-// (row, head, 128-column) tiles, and while it computes one tile the next tile's state and
-// inputs land in the other of two buffers (asynchronous copies): the state stream never waits
-// for a tile's prologue, products or solve, which the one-pass form (2 blocks an SM, each
-// loading then computing) leaves to the other block of its SM to hide. Per buffer: the state
-// tile [K][132] and the tile's corrections, v, beta, records and window inputs; once: the
-// prologue's results, the window product and the sums. 220 KB of shared memory at K = 128,
-// windows of up to 8 (Tw <= 8).
-__host__ __device__ constexpr int tc_stream_stage(int K, int FR) {
-    /* state [K][132], corrections [FR][136], v [8][128], beta [16], records [FR][2K], window [3][8][K] */
-    return K * 132 + FR * 136 + 8 * 128 + 16 + FR * 2 * K + 24 * K;
-}
-__host__ __device__ constexpr int tc_stream_smem(int K, int NT, int FR) {
-    /* two stages; fold weights [FR][K + 8], cpF, window keys / queries [NT * 8][K + 8], M and N,
-     * partial sums [8 warps][144], P [128][17] */
-    return 2 * tc_stream_stage(K, FR) + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
-}
-
-template <int K, int NT>
-__global__ void __launch_bounds__(256, 1) verify_stream_kernel(const kd_kda_args a) {
-    extern __shared__ __align__(16) float smem[];
-    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8;
-    const int V = a.V, Tw = a.Tw, FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, q = lane % 4, ncb = (V + CB - 1) / CB, ntiles = a.n_rows * a.HV * ncb;
-    const int stage = tc_stream_stage(K, FR);
-    float *wf = smem + 2 * stage, *cpF = wf + FR * KP, *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64;
-    float *red = N + 64, *P = red + 8 * 144;
-    /* stage b: st, su, sv, sb, rk (records: key, decay), rw (window: keys, queries, decays) */
-    auto parts = [&](int b, float *&st, float *&su, float *&sv, float *&sb, float *&rk, float *&rw) {
-        st = smem + b * stage, su = st + K * SP, sv = su + FR * UP, sb = sv + 8 * CB, rk = sb + 16, rw = rk + FR * 2 * K;
-    };
-    auto prefetch = [&](int tile, int b) {
-        const int cb = tile % ncb, h = tile / ncb % a.HV, hk = h / (a.HV / a.H);
-        const kd_kda_row row = a.rows[tile / ncb / a.HV];
-        const size_t slot = (size_t)row.slot;
-        float *st, *su, *sv, *sb, *rk, *rw;
-        parts(b, st, su, sv, sb, rk, rw);
-        tile_fetch<K, CB>(st, a.state + slot * kda_sstride(a) + h * (size_t)K * V, V, cb * CB);
-        fetch_columns(a, row, h, cb * CB, su, sv, sb);
-        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-        for (int t = 0; t < row.fold; t++) fetch(rk + t * 2 * K, kg_old + ((size_t)t * a.HV + h) * 2 * K, 2 * K);
-        for (int t = 0; t < row.len; t++) {
-            const size_t n = (size_t)row.start + t;
-            fetch(rw + t * K, a.kn + (n * a.H + hk) * K, K);
-            fetch(rw + (8 + t) * K, a.qn + (n * a.H + hk) * K, K);
-            fetch(rw + (16 + t) * K, a.decay + (n * a.HV + h) * K, K);
-        }
-    };
-    int b = 0;
-    if ((int)blockIdx.x < ntiles) prefetch(blockIdx.x, 0);
-    cp_async_commit();
-    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, b ^= 1) {
-        /* the next tile's copies, into the stage the last tile used (free since the barrier
-         * that ended it); then wait for this tile's */
-        if (tile + (int)gridDim.x < ntiles) prefetch(tile + gridDim.x, b ^ 1);
-        cp_async_commit();
-        cp_async_wait1();
-        __syncthreads();
-        const int cb = tile % ncb, h = tile / ncb % a.HV, j0 = cb * CB;
-        const kd_kda_row row = a.rows[tile / ncb / a.HV];
-        const int T = row.len, F = row.fold;
-        const size_t slot = (size_t)row.slot;
-        float *st, *su, *sv, *sb, *rk, *rw;
-        parts(b, st, su, sv, sb, rk, rw);
-        onepass_prologue<K, NT>(
-            a, row, h, cb == 0, wf, cpF, aw, red,
-            [&](int t, int c, float &kr, float &d) { kr = rk[t * 2 * K + c], d = rk[t * 2 * K + K + c]; },
-            [&](int t, int c, float &kw, float &qw, float &dw) {
-                kw = rw[t * K + c], qw = rw[(8 + t) * K + c], dw = rw[(16 + t) * K + c];
-            });
-        __syncthreads();
-        onepass_mn(tid, T, red, M);
-        const int vl = warp * 16 + 2 * g;
-        float s[KT][4];
-        tile_to_regs<KT, SP>(s, st, vl, q);
-        if (F > 0) {
-            tc_fold_smem<K>(s, cpF, su, UP, wf, F, vl, g, q);
-            if (j0 + vl < V) tc_store<KT>(s, a.state + slot * kda_sstride(a) + h * (size_t)K * V, V, j0 + vl, q);
-        }
-        tc_window_smem<K, NT>(s, aw, P, vl, g, q);
-        __syncthreads();
-        if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
-        __syncthreads();
-    }
 }
 
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
@@ -1608,11 +1494,10 @@ int g_tc = 1, g_tc_warps; /* the tensor-core path (default) and its warps per bl
  * 4 the split verify with the verify a programmatic dependent of the prologue, the state in
  * registers only, 2 the same in plain stream order (both need a.work), 5 the split verify
  * with half the state through shared memory (the default's form from B = 32), 3 the
- * one-pass verify, 6 the streaming verify (windows of up to 8), 0 the one-kernel verify
- * (verify_tc_kernel, with the rule of tc_ok). */
+ * one-pass verify, 0 the one-kernel verify (verify_tc_kernel, with the rule of tc_ok). */
 int g_split = 1;
 
-enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_HALF, FORM_STREAM };
+enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_HALF };
 
 /* The default, from the H200 measurements (tests/bench/results/kda_h200.md, HV = 32,
  * K = V = 128), by (row, head, 128-column) tiles: up to 64 (B <= 2), the CUDA-core kernels
@@ -1625,7 +1510,6 @@ enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_H
 int verify_form(const kd_kda_args *a) {
     if (g_split == 0) return FORM_ONE_KERNEL;
     if (g_split == 3) return FORM_ONE_PASS;
-    if (g_split == 6) return a->Tw <= 8 ? FORM_STREAM : FORM_ONE_PASS;
     if (g_split == 5) return a->work ? FORM_SPLIT_HALF : FORM_ONE_PASS;
     if (g_split == 2 || g_split == 4) return a->work ? FORM_SPLIT : FORM_ONE_PASS;
     if (g_tc_warps) return a->work ? FORM_SPLIT : FORM_ONE_KERNEL; /* block shapes of the split verify */
@@ -1698,19 +1582,6 @@ cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     return cudaGetLastError();
 }
 
-template <int K, int NT>
-cudaError_t launch_verify_stream(const kd_kda_args *a, cudaStream_t s) {
-    const size_t sm = (size_t)tc_stream_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const long tiles = (long)a->n_rows * a->HV * ((a->V + 127) / 128);
-    auto f = verify_stream_kernel<K, NT>;
-    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    f<<<(unsigned)(tiles < sms ? tiles : sms > 0 ? sms : 1), 256, sm, s>>>(*a);
-    return cudaGetLastError();
-}
-
 template <int K, int NW>
 cudaError_t launch_commit_tc(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_commit_smem(K, (a->Tw + 7) / 8 * 8) * sizeof(float);
@@ -1729,8 +1600,6 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a);
     if (form == FORM_ONE_PASS)
         return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
-    if (form == FORM_STREAM)
-        return (int)(max_len > 4 ? launch_verify_stream<K, 2>(a, s) : launch_verify_stream<K, 1>(a, s));
     if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* forced: the default from B = 32 until the records were prepared */
         return (int)(max_len > 4 ? launch_verify_split<K, 4, 2, 5, true>(a, s) : launch_verify_split<K, 4, 1, 6, true>(a, s));
     if (form == FORM_SPLIT) {

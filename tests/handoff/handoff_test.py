@@ -872,6 +872,26 @@ class FaultTest(unittest.TestCase):
             self.assertEqual([pr.first_token] + toks, agg, f"prompt {prompt}, speculation {spec}")
         self.assert_served(what="real handoffs")
 
+    def test_03_unnamed_requests_of_two_workers(self):
+        """Requests that come without an id get one from their worker, "kd-<tag>-<n>" with a tag
+        drawn at the worker's start: a prefill worker's unnamed handoff must not collide with the
+        decode worker's own unnamed requests (both had counted "kd-1", "kd-2", ... and a handoff
+        met a live request of the same id: ALREADY_EXISTS)."""
+        live = self.D.generate_call(gen_req([7, 8, 9], 200), timeout=T(120))
+        first = next(live)  # the unnamed local request is live from here on
+        try:
+            pr = self.P.prefill_call(pb.PrefillRequest(prompt_token_ids=self.prompt, decode_target=self.D.target,
+                                                       ignore_eos=True), timeout=T(120))
+            self.ids.append(pr.handoff_id)
+            form = re.compile(r"kd-([0-9a-f]{8})-[0-9]+$")
+            md, mp = form.match(first.request_id), form.match(pr.handoff_id)
+            self.assertTrue(md and mp, f"ids {first.request_id!r} (decode worker), {pr.handoff_id!r} (prefill worker)")
+            self.assertNotEqual(md.group(1), mp.group(1), "two workers drew the same id tag")
+            self.assert_claims(self.D, pr.handoff_id)
+        finally:
+            live.cancel()
+        self.assert_served(what="unnamed requests")
+
     # ------------------------------------------------------ broken payloads
 
     def test_corrupted_chunk(self):
