@@ -1311,23 +1311,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // (the mma accumulator layout), folds, stores, and runs the window product; the solve
 // follows. Nothing goes through a work space in device memory.
 
-__host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR, int NW = 8) {
-    /* state [K][CB + 4], corrections [FR][CB + 8], v [8][CB], beta, fold weights [FR][K + 8], cpF,
-     * window keys / queries [NT * 8][K + 8], M and N, partial sums [NW warps][16 + 128], P [CB][17]
-     * (CB = 16 NW value columns) */
-    return K * (16 * NW + 4) + FR * (16 * NW + 8) + 8 * 16 * NW + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 +
-           NW * 144 + 16 * NW * 17;
+__host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
+    /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
+     * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
+    return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
-// NW = 8: 128 value columns, the prologue's two halves on threads [0, 128) and [128, 256), 2
-// blocks an SM; NW = 4: 64 columns, every thread both halves in turn, 4 blocks an SM (at
-// K = 128 and windows of up to 4: 55 KB of shared memory).
-template <int K, int NT, int NW>
-__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 4) verify_onepass_kernel(const kd_kda_args a) {
+template <int K, int NT>
+__global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
-    constexpr int KT = K / 8, KP = K + 8, CB = NW * 16, SP = CB + 4, UP = CB + 8, NTH = NW * 32, NR = 144;
-    constexpr bool HALVES = NW == 8;
-    constexpr int W0 = HALVES ? 4 : 0; /* the first warp of the window half */
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
     const kd_kda_row row = a.rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
     const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -1335,7 +1328,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 4) verify_onepass_kerne
     const size_t slot = (size_t)row.slot;
     float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
     float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
-    float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + NW * NR;
+    float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
     // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
     // corrections, v and beta, then its other half (folded and stored while that half lands)
     tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
@@ -1356,7 +1349,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 4) verify_onepass_kerne
     // (1) the prologue, in two halves
     const int c = tid % 128;
     const bool act = c < K;
-    if (!HALVES || tid < 128) { /* the records (keys and decays): fold weights */
+    if (tid < 128) { /* the records (keys and decays): fold weights */
         const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
         float kr[16], d[16];
 #pragma unroll
@@ -1375,8 +1368,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 4) verify_onepass_kerne
                 p *= d[t];
             }
         if (act) cpF[c] = p;
-    }
-    if (!HALVES || tid >= 128) { /* the window: decayed keys and queries, M and N; the new records */
+    } else { /* the window: decayed keys and queries, M and N; the new records */
         float kw[8], qw[8], dw[8];
         float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
 #pragma unroll
@@ -1411,13 +1403,13 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 4) verify_onepass_kerne
     }
     cp_async_wait1();
     __syncthreads();
-    if (!HALVES || tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of
-                                   * the half (read by the solve, after two more barriers) */
+    if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
+                       * (read by the solve, after two more barriers) */
         const int t = c % 64 / 8, r = c % 8;
         float x = 0.f;
         if (r <= t && t < T) {
             const int i = 16 + c / 64 * 64 + t * 8 + r;
-            x = (red[W0 * NR + i] + red[(W0 + 1) * NR + i]) + (red[(W0 + 2) * NR + i] + red[(W0 + 3) * NR + i]);
+            x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
         }
         M[c] = x; /* M and N are contiguous */
     }
@@ -1502,11 +1494,10 @@ int g_tc = 1, g_tc_warps; /* the tensor-core path (default) and its warps per bl
  * 4 the split verify with the verify a programmatic dependent of the prologue, the state in
  * registers only, 2 the same in plain stream order (both need a.work), 5 the split verify
  * with half the state through shared memory (the default's form from B = 32), 3 the
- * one-pass verify, 6 the one-pass verify in 64-column blocks, 0 the one-kernel verify
- * (verify_tc_kernel, with the rule of tc_ok). */
+ * one-pass verify, 0 the one-kernel verify (verify_tc_kernel, with the rule of tc_ok). */
 int g_split = 1;
 
-enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_HALF, FORM_ONE_PASS_64 };
+enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_HALF };
 
 /* The default, from the H200 measurements (tests/bench/results/kda_h200.md, HV = 32,
  * K = V = 128), by (row, head, 128-column) tiles: up to 64 (B <= 2), the CUDA-core kernels
@@ -1519,13 +1510,12 @@ enum { FORM_ONE_KERNEL, FORM_SPLIT, FORM_ONE_PASS, FORM_CUDA_CORES, FORM_SPLIT_H
 int verify_form(const kd_kda_args *a) {
     if (g_split == 0) return FORM_ONE_KERNEL;
     if (g_split == 3) return FORM_ONE_PASS;
-    if (g_split == 6) return FORM_ONE_PASS_64;
     if (g_split == 5) return a->work ? FORM_SPLIT_HALF : FORM_ONE_PASS;
     if (g_split == 2 || g_split == 4) return a->work ? FORM_SPLIT : FORM_ONE_PASS;
     if (g_tc_warps) return a->work ? FORM_SPLIT : FORM_ONE_KERNEL; /* block shapes of the split verify */
     const long tiles = (long)a->n_rows * a->HV * ((a->V + 127) / 128);
     if (tiles <= 64) return FORM_CUDA_CORES;
-    return FORM_ONE_PASS_64;
+    return FORM_ONE_PASS;
 }
 
 bool tc_ok(const kd_kda_args *a, int max_len) {
@@ -1583,12 +1573,12 @@ cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
     return cudaLaunchKernelEx(&cfg, f, *a);
 }
 
-template <int K, int NT, int NW = 8>
+template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
-    const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8, NW) * sizeof(float);
-    auto f = verify_onepass_kernel<K, NT, NW>;
+    const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    auto f = verify_onepass_kernel<K, NT>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    f<<<dim3((a->V + NW * 16 - 1) / (NW * 16), a->HV, a->n_rows), NW * 32, sm, s>>>(*a);
+    f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
     return cudaGetLastError();
 }
 
@@ -1610,8 +1600,6 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a);
     if (form == FORM_ONE_PASS)
         return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
-    if (form == FORM_ONE_PASS_64)
-        return (int)(max_len > 4 ? launch_verify_onepass<K, 2, 4>(a, s) : launch_verify_onepass<K, 1, 4>(a, s));
     if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* forced: the default from B = 32 until the records were prepared */
         return (int)(max_len > 4 ? launch_verify_split<K, 4, 2, 5, true>(a, s) : launch_verify_split<K, 4, 1, 6, true>(a, s));
     if (form == FORM_SPLIT) {

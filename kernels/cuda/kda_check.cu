@@ -245,7 +245,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 struct Res {
     int B, T;
     double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us, fused_us, split_us, onepass_us, copyk_us,
-        half_us, onepass64_us;
+        half_us;
     double floor_us() const { return copy_us < copyk_us ? copy_us : copyk_us; }
 };
 
@@ -293,7 +293,6 @@ int main(int argc, char **argv) {
                         {1, 0, 0, 2, "split verify, plain stream order"},
                         {1, 0, 0, 3, "one-pass verify (8 warps, state staged in shared memory)"},
                         {1, 0, 0, 5, "split verify, half the state through shared memory"},
-                        {1, 0, 0, 6, "one-pass verify, 64-column blocks (4 warps, 4 blocks per SM)"},
                         {1, 1, 0, 1, "split verify, 1 warp"},
                         {1, 2, 0, 1, "split verify, 2 warps"},
                         {1, 8, 0, 1, "split verify, 8 warps"},
@@ -308,8 +307,8 @@ int main(int argc, char **argv) {
                         {0, 0, 2, 0, "CUDA cores, narrow R=2"},
                         {0, 0, 8, 0, "CUDA cores, narrow R=8"}};
     /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify, 2: only the CUDA-core kernels,
-     * 3: only the one-kernel tensor-core verify, 4: only the one-pass verify, 5: only the
-     * one-pass verify in 64-column blocks (each for the sanitizers) */
+     * 3: only the one-kernel tensor-core verify, 4: only the one-pass verify (each for the
+     * sanitizers) */
     const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
     const bool only_new = only != 0;
     /* KD_KDA_PROFILE=B,T (for a profiler): no checks, the benchmark at that one size */
@@ -321,7 +320,6 @@ int main(int argc, char **argv) {
         if (only == 2 && c.tc != 0) continue;
         if (only == 3 && (c.tc == 0 || c.split != 0)) continue;
         if (only == 4 && c.split != 3) continue;
-        if (only == 5 && c.split != 6) continue;
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
         kd_kda_split(c.split == 1 ? g_split_default : c.split);
@@ -414,23 +412,18 @@ int main(int argc, char **argv) {
             std::vector<kd_kda_row> rows(B);
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, T, 0, 0, nullptr}; // steady state: fold T
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             /* 0 copy, 1 deferred (default), 2 store-all, 3 commit, 4 deferred and 5 commit on the
              * CUDA-core kernels, 6 the one-kernel tensor-core verify (4 warps, 4 blocks per SM),
              * 7 the split verify, 8 the one-pass verify, 9 the copy kernel, 10 the split verify
-             * with half the state through shared memory, 11 the one-pass verify in 64-column
-             * blocks, 12 the CUDA-core verify in plain stream order (not a programmatic dependent
-             * launch), 13 / 14 its tile forced to R = 8 / 4 (B <= 8) */
-            for (int what = 0; what < (B <= 8 ? 15 : 12); what++) {
-                kd_kda_tensor_cores(what == 4 || what == 5 || what >= 12 ? 0 : 1, what == 6 ? 4 : 0);
-                kd_kda_force_r(what == 13 ? 8 : what == 14 ? 4 : 0);
-                kd_kda_pdl(what != 12);
-                kd_kda_split(what == 6    ? 0
-                             : what == 7  ? 4
-                             : what == 8  ? 3
-                             : what == 10 ? 5
-                             : what == 11 ? 6
-                                          : g_split_default);
+             * with half the state through shared memory, 11 the CUDA-core verify in plain stream
+             * order (not a programmatic dependent launch), 12 / 13 its tile forced to R = 8 / 4
+             * (B <= 8) */
+            for (int what = 0; what < (B <= 8 ? 14 : 11); what++) {
+                kd_kda_tensor_cores(what == 4 || what == 5 || what >= 11 ? 0 : 1, what == 6 ? 4 : 0);
+                kd_kda_force_r(what == 12 ? 8 : what == 13 ? 4 : 0);
+                kd_kda_pdl(what != 11);
+                kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 ? 3 : what == 10 ? 5 : g_split_default);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
                 for (int l = 0; l < L; l++) {
@@ -454,10 +447,10 @@ int main(int argc, char **argv) {
                 CK(cudaGraphInstantiate(&ge, gph, 0));
                 const double us = time_graph(ge, st, 20) * 1e3 / L;
                 double *dst[] = {&rr.copy_us, &rr.def_us, &rr.all_us, &rr.commit_us, &rr.def_prev_us, &rr.commit_prev_us,
-                                 &rr.fused_us, &rr.split_us, &rr.onepass_us, &rr.copyk_us, &rr.half_us, &rr.onepass64_us};
-                if (what < 12) *dst[what] = us;
+                                 &rr.fused_us, &rr.split_us, &rr.onepass_us, &rr.copyk_us, &rr.half_us};
+                if (what < 11) *dst[what] = us;
                 else printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T,
-                            what == 12 ? "plain stream order" : what == 13 ? "R = 8" : "R = 4", us);
+                            what == 11 ? "plain stream order" : what == 12 ? "R = 8" : "R = 4", us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
             kd_kda_tensor_cores(1, 0);
@@ -465,11 +458,11 @@ int main(int argc, char **argv) {
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
-            printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; one-pass 64 %8.2f us, %.2fx; "
+            printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
                    "one kernel %8.2f us, %.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us "
                    "(CUDA cores %8.2f us)\n",
                    B, T, rr.floor_us(), rr.copy_us, rr.copyk_us, rr.def_us, rr.def_us / rr.floor_us(), rr.half_us, rr.split_us, rr.onepass_us, rr.onepass_us / rr.floor_us(),
-                   rr.onepass64_us, rr.onepass64_us / rr.floor_us(), rr.fused_us, rr.fused_us / rr.floor_us(),
+                   rr.fused_us, rr.fused_us / rr.floor_us(),
                    rr.def_prev_us, rr.def_prev_us / rr.floor_us(), rr.all_us, rr.all_us / rr.floor_us(), rr.commit_us,
                    rr.commit_prev_us);
             fflush(stdout);
@@ -496,22 +489,20 @@ int main(int argc, char **argv) {
                 "(every draft accepted last step). deferred: the default dispatch (by size: CUDA cores, one-pass "
                 "or split); split: the split verify (prologue kernel, then the tensor-core verify as its dependent "
                 "launch); one-pass: the one-pass verify (8 warps, state staged in shared "
-                "memory); one-pass 64: the one-pass verify in 64-column blocks (4 warps, 4 blocks an SM, the prologue "
-                "repeated by each); one kernel: the one-kernel tensor-core verify; CUDA cores: the "
+                "memory); one kernel: the one-kernel tensor-core verify; CUDA cores: the "
                 "CUDA-core kernels; all from the same run.\n\n"
-                "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy | split (us) | split, half (us) | one-pass (us) | one-pass, 64 columns (us) | one-pass 64 / copy | one kernel (us) "
+                "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy | split (us) | split, half (us) | one-pass (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit);
     for (size_t i = 0; i < res.size(); i++) {
         const Res &r = res[i];
         fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"deferred_split_us\":%.3f,\"deferred_split_half_us\":%.3f,"
-                    "\"deferred_one_pass_us\":%.3f,\"deferred_one_pass_64_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
+                    "\"deferred_one_pass_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
-                i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us, r.split_us, r.half_us, r.onepass_us, r.onepass64_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
+                i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us, r.split_us, r.half_us, r.onepass_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
                 r.commit_prev_us);
-        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T,
-                r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), r.split_us, r.half_us, r.onepass_us,
-                r.onepass64_us, r.onepass64_us / r.floor_us(), r.fused_us, r.def_prev_us, r.all_us,
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.B, r.T,
+                r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), r.split_us, r.half_us, r.onepass_us, r.fused_us, r.def_prev_us, r.all_us,
                 r.all_us / r.floor_us(), r.commit_us, r.commit_prev_us);
     }
     fprintf(js, "]}\n");
