@@ -847,19 +847,6 @@ __device__ __forceinline__ void tc_window_smem(const float (&s)[K / 8][4], const
                                                int q) {
     tc_window<K, NT>(s, smem_bfrag<K>{aw, g, q}, P, vl, q);
 }
-// B fragments of the window's A, split into tf32 hi / lo once by whoever wrote it: [n][K + 8]
-// each.
-template <int K>
-struct smem_split_bfrag {
-    const float *awh, *awl;
-    int g, q;
-    __device__ __forceinline__ void operator()(int nt, int kt, uint32_t &h0, uint32_t &h1, uint32_t &l0,
-                                               uint32_t &l1) const {
-        const int o = (nt * 8 + g) * (K + 8) + kt * 8 + 2 * q;
-        const float2 bh = *(const float2 *)(awh + o), bl = *(const float2 *)(awl + o);
-        h0 = __float_as_uint(bh.x), h1 = __float_as_uint(bh.y), l0 = __float_as_uint(bl.x), l1 = __float_as_uint(bl.y);
-    }
-};
 
 // The triangular solve of one value column (col in the block's CB, j in the head):
 // u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r; writes o and
@@ -990,7 +977,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
         if (live) tc_store<KT>(s, S, V, va, q);
     }
     // the window: P^T = S_F^T A^T, B pre-split in shared memory
-    tc_window<K, NT>(s, smem_split_bfrag<K>{awh, awl, g, q}, P, warp * 16 + 2 * g, q);
+    tc_window<K, NT>(
+        s,
+        [&](int nt, int kt, uint32_t &h0, uint32_t &h1, uint32_t &l0, uint32_t &l1) {
+            const int o = (nt * 8 + g) * KP + kt * 8 + 2 * q;
+            const float2 bh = *(const float2 *)(awh + o), bl = *(const float2 *)(awl + o);
+            h0 = __float_as_uint(bh.x), h1 = __float_as_uint(bh.y), l0 = __float_as_uint(bl.x), l1 = __float_as_uint(bl.y);
+        },
+        P, warp * 16 + 2 * g, q);
     __syncthreads();
     // the window's keys and decays (the new records), this block's share: loads issued
     // before the solve, stores after it (one round trip, not one per element)
@@ -1195,11 +1189,10 @@ __host__ __device__ constexpr int tc_split_smem(int K, int NW, int NT, int FR, b
 
 // The fold from shared memory: s (the lane's S0^T tile) <- S0^T diag(cpF) + U^T Wf, with
 // U [t][UP] (value columns vl, vl + 1 of records t < F) and Wf [t][K + 8] in fp32 (split
-// into tf32 hi / lo here), or (PRE) already split: its hi parts in wf, its lo parts in wfl.
-template <int K, int KT0 = 0, int KT1 = K / 8, bool PRE = false> /* key tiles [KT0, KT1) */
+// into tf32 hi / lo here).
+template <int K, int KT0 = 0, int KT1 = K / 8> /* key tiles [KT0, KT1) */
 __device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *cpF, const float *su, int UP,
-                                             const float *wf, int F, int vl, int g, int q,
-                                             const float *wfl = nullptr) {
+                                             const float *wf, int F, int vl, int g, int q) {
     constexpr int KP = K + 8;
 #pragma unroll
     for (int kt = KT0; kt < KT1; kt++) {
@@ -1220,12 +1213,7 @@ __device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *
 #pragma unroll
         for (int kt = KT0; kt < KT1; kt++) {
             uint32_t h0, h1, l0, l1;
-            if (PRE) {
-                h0 = __float_as_uint(wf[r0 + kt * 8 + g]), h1 = __float_as_uint(wf[r1 + kt * 8 + g]);
-                l0 = __float_as_uint(wfl[r0 + kt * 8 + g]), l1 = __float_as_uint(wfl[r1 + kt * 8 + g]);
-            } else {
-                split2(wf[r0 + kt * 8 + g], wf[r1 + kt * 8 + g], h0, h1, l0, l1);
-            }
+            split2(wf[r0 + kt * 8 + g], wf[r1 + kt * 8 + g], h0, h1, l0, l1);
             mma3(s[kt], u, h0, h1, l0, l1);
         }
     }
@@ -1324,11 +1312,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // follows. Nothing goes through a work space in device memory.
 
 __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
-    /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8] (hi and
-     * lo), cpF, window keys / queries [NT * 8][K + 8] (hi and lo), M and N, partial sums [8
-     * warps][16 + 128], P [128][17] (in the state tile's first half where it fits: K >= 64) */
-    return K * 132 + FR * 136 + 8 * 128 + 16 + 2 * FR * (K + 8) + K + 2 * NT * 8 * (K + 8) + 128 + 8 * 144 +
-           (K / 2 * 132 >= 128 * 17 ? 0 : 128 * 17);
+    /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
+     * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
+    return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
 template <int K, int NT>
@@ -1341,12 +1327,8 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     const int j0 = blockIdx.x * CB;
     const size_t slot = (size_t)row.slot;
     float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
-    float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wfh = sb + 16, *wfl = wfh + FR * KP;
-    float *cpF = wfl + FR * KP, *awh = cpF + K, *awl = awh + NT * 8 * KP, *M = awl + NT * 8 * KP, *N = M + 64;
-    float *red = N + 64;
-    /* P: the state tile's first half once every warp has taken it into registers (the barrier
-     * before the second half), where it fits */
-    float *P = K / 2 * SP >= CB * 17 ? st : red + 8 * NR;
+    float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
+    float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
     // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
     // corrections, v and beta, then its other half (folded and stored while that half lands)
     tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
@@ -1382,7 +1364,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
 #pragma unroll
         for (int t = 15; t >= 0; t--)
             if (t < F) {
-                if (act) put_split(wfh, wfl, t * KP + c, kr[t] * p);
+                if (act) wf[t * KP + c] = kr[t] * p;
                 p *= d[t];
             }
         if (act) cpF[c] = p;
@@ -1411,13 +1393,13 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         for (int t = 0; t < 8; t++)
             if (t < T) {
                 b *= dw[t];
-                if (act) put_split(awh, awl, t * KP + c, kw[t] * b), put_split(awh, awl, (T + t) * KP + c, qw[t] * b);
+                if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
             }
     }
     {
         const int nf = (F + 7) / 8 * 8;
-        for (int i = F * K + tid; i < nf * K; i += NTH) wfh[i / K * KP + i % K] = wfl[i / K * KP + i % K] = 0.f;
-        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) awh[i / K * KP + i % K] = awl[i / K * KP + i % K] = 0.f;
+        for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
     }
     cp_async_wait1();
     __syncthreads();
@@ -1438,17 +1420,17 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     float s[KT][4];
     tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
     if (F > 0) {
-        tc_fold_smem<K, 0, KT / 2, true>(s, cpF, su, UP, wfh, F, vl, g, q, wfl);
+        tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
     cp_async_wait();
     __syncthreads();
     tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
     if (F > 0) {
-        tc_fold_smem<K, KT / 2, KT, true>(s, cpF, su, UP, wfh, F, vl, g, q, wfl);
+        tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live) tc_store<KT, KT / 2>(s, S, V, j0 + vl, q);
     }
-    tc_window<K, NT>(s, smem_split_bfrag<K>{awh, awl, g, q}, P, vl, q);
+    tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
     // (3) per value column: the triangular solve
     if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
