@@ -1311,6 +1311,59 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // (the mma accumulator layout), folds, stores, and runs the window product; the solve
 // follows. Nothing goes through a work space in device memory.
 
+// Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
+// value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
+// tokens in plain fp32, one or two multiply-adds an element and product, where the 3xTF32
+// mma costs its operand splits (the one-pass verify at B = 512, T = 1 executed twice the
+// eager commit's instructions, issuing on half of its cycles: ncu, logs/ncu_stalls_*).
+template <int KT, int KT0, int KT1> /* key tiles [KT0, KT1) */
+__device__ __forceinline__ void cc_fold(float (&s)[KT][4], const float *cpF, const float *su, int UP, const float *wf,
+                                        int KP, int F, int vl, int q) {
+    float2 u0 = make_float2(0.f, 0.f), u1 = make_float2(0.f, 0.f); /* records 0, 1 at columns vl, vl + 1 */
+    if (F > 0) u0 = *(const float2 *)(su + vl);
+    if (F > 1) u1 = *(const float2 *)(su + UP + vl);
+#pragma unroll
+    for (int kt = KT0; kt < KT1; kt++) {
+        const int r = kt * 8 + 2 * q;
+        const float2 c = *(const float2 *)(cpF + r), w0 = *(const float2 *)(wf + r);
+        const float2 w1 = F > 1 ? *(const float2 *)(wf + KP + r) : make_float2(0.f, 0.f);
+        s[kt][0] = fmaf(u1.x, w1.x, fmaf(u0.x, w0.x, s[kt][0] * c.x));
+        s[kt][1] = fmaf(u1.x, w1.y, fmaf(u0.x, w0.y, s[kt][1] * c.y));
+        s[kt][2] = fmaf(u1.y, w1.x, fmaf(u0.y, w0.x, s[kt][2] * c.x));
+        s[kt][3] = fmaf(u1.y, w1.y, fmaf(u0.y, w0.y, s[kt][3] * c.y));
+    }
+}
+// P [value column][17] columns vl, vl + 1, rows n < 2T <= 4 of A [n][K + 8] (the window's
+// decayed keys, then queries): the lane's 32 rows, then the 4 lanes of its column pair.
+template <int KT>
+__device__ __forceinline__ void cc_window(const float (&s)[KT][4], const float *aw, int KP, int T, float *P, int vl,
+                                          int q) {
+    float acc[2][4];
+#pragma unroll
+    for (int n = 0; n < 4; n++) acc[0][n] = acc[1][n] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        const int r = kt * 8 + 2 * q;
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            if (n >= 2 * T) break;
+            const float2 x = *(const float2 *)(aw + n * KP + r);
+            acc[0][n] = fmaf(s[kt][1], x.y, fmaf(s[kt][0], x.x, acc[0][n]));
+            acc[1][n] = fmaf(s[kt][3], x.y, fmaf(s[kt][2], x.x, acc[1][n]));
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+        if (n >= 2 * T) break;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            acc[c][n] += __shfl_xor_sync(0xffffffffu, acc[c][n], 1);
+            acc[c][n] += __shfl_xor_sync(0xffffffffu, acc[c][n], 2);
+        }
+        if (q == 0) P[vl * 17 + n] = acc[0][n], P[(vl + 1) * 17 + n] = acc[1][n];
+    }
+}
+
 __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
      * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
@@ -1416,21 +1469,24 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
     // channels while the second lands), window product
     const int vl = warp * 16 + 2 * g;
-    const bool live = j0 + vl < V;
+    const bool live = j0 + vl < V, cc = F <= 2 && T <= 2; /* cc: small windows on the CUDA cores */
     float s[KT][4];
     tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
     if (F > 0) {
-        tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (cc) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
     cp_async_wait();
     __syncthreads();
     tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
     if (F > 0) {
-        tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (cc) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live) tc_store<KT, KT / 2>(s, S, V, j0 + vl, q);
     }
-    tc_window_smem<K, NT>(s, aw, P, vl, g, q);
+    if (cc) cc_window<KT>(s, aw, KP, T, P, vl, q);
+    else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
     // (3) per value column: the triangular solve
     if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
