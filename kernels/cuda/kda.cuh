@@ -39,7 +39,12 @@
 // - one-pass (the default above B = 2): verify_onepass_kernel, 8 warps
 //   per (row, head, 128 value columns), 2 blocks per SM. The state tile goes to shared
 //   memory by asynchronous copies while the block's two halves compute the prologue (the
-//   records / the window), then each warp takes its columns into registers.
+//   records / the window), then each warp takes its columns into registers. Folds of up to 2
+//   records and windows of up to 2 tokens (no speculation, or one draft) run there on the
+//   CUDA cores in plain fp32 instead (1 + F multiply-adds an element for the fold, 2T for the
+//   window, where the 3xTF32 mma spends more instructions on its operand splits than on the
+//   products: at B = 512, T = 1 the kernel had executed twice the eager commit's
+//   instructions; 1.17 -> 1.07 x the copy on an H200).
 // - CUDA cores at B <= 2 (below), for the verify and the commit.
 // The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
 // itself) and the commit (commit_tc_kernel, the default above B = 2) use the same
