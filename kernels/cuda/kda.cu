@@ -1449,11 +1449,13 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
                 if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
             }
     }
-    {
-        const int nf = (F + 7) / 8 * 8;
-        for (int i = F * K + tid; i < nf * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+    /* small folds and windows on the CUDA cores (cc_fold, cc_window) read only the rows they use;
+     * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
+    const bool ccf = F <= 2, ccw = T <= 2;
+    if (!ccf)
+        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+    if (!ccw)
         for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
-    }
     cp_async_wait1();
     __syncthreads();
     if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
@@ -1469,11 +1471,11 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
     // channels while the second lands), window product
     const int vl = warp * 16 + 2 * g;
-    const bool live = j0 + vl < V, cc = F <= 2 && T <= 2; /* cc: small windows on the CUDA cores */
+    const bool live = j0 + vl < V;
     float s[KT][4];
     tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
     if (F > 0) {
-        if (cc) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
+        if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
@@ -1481,11 +1483,11 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     __syncthreads();
     tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
     if (F > 0) {
-        if (cc) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
+        if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live) tc_store<KT, KT / 2>(s, S, V, j0 + vl, q);
     }
-    if (cc) cc_window<KT>(s, aw, KP, T, P, vl, q);
+    if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
     else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
     // (3) per value column: the triangular solve
