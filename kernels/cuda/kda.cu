@@ -29,7 +29,6 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) {
@@ -1383,12 +1382,8 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
     float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
-    // (0) asynchronous copies, in three groups: the state tile's first K / 2 rows with the fold's
-    // corrections and v, then its other half (folded and stored while that half lands), both
-    // issued before pdl_wait: under a programmatic launch (launch_pdl) they overlap the kernel
-    // before, which writes none of them (the contract of the CUDA-core verify below: the
-    // state and the records are written by earlier steps, v two kernels back); then beta, and
-    // the prologue's keys, queries and decays, which kd_kda_prepare has just written.
+    // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
+    // corrections, v and beta, then its other half (folded and stored while that half lands)
     tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, jj = i % CB;
@@ -1400,11 +1395,9 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
         else sv[i] = 0.f;
     }
+    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
     cp_async_commit();
     tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
-    cp_async_commit();
-    pdl_wait(); // the kernel before has finished (a no-op without a programmatic launch)
-    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
     cp_async_commit();
     // (1) the prologue, in two halves
     const int c = tid % 128;
@@ -1463,7 +1456,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
     if (!ccw)
         for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
-    cp_async_wait2();
+    cp_async_wait1();
     __syncthreads();
     if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
                        * (read by the solve, after two more barriers) */
@@ -1643,7 +1636,8 @@ cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
     auto f = verify_onepass_kernel<K, NT>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    return kd_launch_dep(f, dim3((a->V + 127) / 128, a->HV, a->n_rows), dim3(256), sm, s, *a);
+    f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
+    return cudaGetLastError();
 }
 
 template <int K, int NW>
