@@ -3376,8 +3376,8 @@ int kd_serve_main(int argc, char **argv) {
     if (parse_opts(argc, argv, o)) return 2;
     pthread_mutex_init(&g_srv.mu, NULL);
     pthread_cond_init(&g_srv.cv, NULL);
-    if (getrandom(&g_srv.id_tag, sizeof g_srv.id_tag, 0) != (ssize_t)sizeof g_srv.id_tag) {
-        struct timespec ts; /* no entropy source: the clock and the pid still separate workers */
+    if (getrandom(&g_srv.id_tag, sizeof g_srv.id_tag, GRND_NONBLOCK) != (ssize_t)sizeof g_srv.id_tag) {
+        struct timespec ts; /* no entropy yet (never waited for): the clock and the pid still separate workers */
         clock_gettime(CLOCK_REALTIME, &ts);
         g_srv.id_tag = (uint32_t)ts.tv_nsec ^ (uint32_t)ts.tv_sec * 2654435761u ^ (uint32_t)getpid() << 16;
     }
