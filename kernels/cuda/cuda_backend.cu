@@ -231,14 +231,14 @@ void cu_destroy(kd_backend *b) {
 
 // ----------------------------------------------------------------------------- load
 
-// Uploads tensor t (numel must be n) to dst + off elements, converted to fp32 or bf16.
-int upload(cu_backend *cb, void *dst, int64_t off, int to_bf16, const kd_tensor *t, int64_t n,
-           const char *what, int32_t layer, kd_err *err) {
-    (void)cb;
-    if (!t->data || kd_tensor_numel(t) != n)
+// Uploads tensor t (numel must be n) to dst + off elements, converted to fp32 or bf16; with
+// pitch > 0, as rows of row_len elements, row r at dst + off + r * pitch (n a multiple of row_len).
+int upload_rows(void *dst, int64_t off, int to_bf16, const kd_tensor *t, int64_t n, int64_t row_len, int64_t pitch,
+                const char *what, int32_t layer, kd_err *err) {
+    if (!t->data || kd_tensor_numel(t) != n || (pitch > 0 && (row_len < 1 || n % row_len)))
         return kd_fail(err, "cuda backend: layer %d %s: %s (expected %lld elements)", layer, what,
                        t->data ? "wrong size" : "missing", (long long)n);
-    const int64_t chunk = 1 << 20;
+    const int64_t chunk = pitch > 0 ? ((1 << 20) / row_len > 0 ? (1 << 20) / row_len : 1) * row_len : 1 << 20;
     float *f = (float *)malloc((size_t)chunk * sizeof(float));
     uint16_t *hb = to_bf16 ? (uint16_t *)malloc((size_t)chunk * sizeof(uint16_t)) : NULL;
     if (!f || (to_bf16 && !hb)) {
@@ -254,8 +254,11 @@ int upload(cu_backend *cb, void *dst, int64_t off, int to_bf16, const kd_tensor 
             for (int64_t j = 0; j < m; j++) hb[j] = kd_f32_to_bf16(f[j]);
             src = hb;
         }
-        cudaError_t e = cudaMemcpy((char *)dst + (size_t)(off + i) * es, src, (size_t)m * es,
-                                   cudaMemcpyHostToDevice);
+        cudaError_t e = pitch > 0 ? cudaMemcpy2D((char *)dst + (size_t)(off + i / row_len * pitch) * es,
+                                                 (size_t)pitch * es, src, (size_t)row_len * es, (size_t)row_len * es,
+                                                 (size_t)(m / row_len), cudaMemcpyHostToDevice)
+                                  : cudaMemcpy((char *)dst + (size_t)(off + i) * es, src, (size_t)m * es,
+                                               cudaMemcpyHostToDevice);
         if (e != cudaSuccess) {
             free(f), free(hb);
             return kd_fail(err, "cuda backend: cudaMemcpy uploading layer %d %s: %s", layer, what,
@@ -264,6 +267,11 @@ int upload(cu_backend *cb, void *dst, int64_t off, int to_bf16, const kd_tensor 
     }
     free(f), free(hb);
     return 0;
+}
+int upload(cu_backend *cb, void *dst, int64_t off, int to_bf16, const kd_tensor *t, int64_t n, const char *what,
+           int32_t layer, kd_err *err) {
+    (void)cb;
+    return upload_rows(dst, off, to_bf16, t, n, 0, 0, what, layer, err);
 }
 
 // A new device tensor of n elements from t: fp32, or the GEMM weight type when `gemm`.
@@ -335,8 +343,11 @@ int cu_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err
                 off += in[i].rows * D;
             }
         }
-        if (upload(cb, L->w_gu, 0, cb->bf16, &t->gate_proj, FF * D, "gate_proj", l, err) ||
-            upload(cb, L->w_gu, FF * D, cb->bf16, &t->up_proj, FF * D, "up_proj", l, err))
+        /* gate and up rows interleaved (row 2j gate_j, 2j + 1 up_j): one warp of the skinny row form
+         * holds both and writes SwiGLU's output itself (kd_cu_gemm_skinny_swiglu); kd_cu_swiglu
+         * reads the same layout after cuBLAS */
+        if (upload_rows(L->w_gu, 0, cb->bf16, &t->gate_proj, FF * D, D, 2 * D, "gate_proj", l, err) ||
+            upload_rows(L->w_gu, D, cb->bf16, &t->up_proj, FF * D, D, 2 * D, "up_proj", l, err))
             goto fail;
         if (c->use_short_conv) {
             if (dalloc_t(cb, &L->conv, cb->C * cb->W, 4, "conv weights", err) ||
@@ -775,8 +786,14 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err)) return -1;
         // MLP block
         KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s));
-        if (gemm(cb, N, 2 * FF, D, cb->h, D, Ly->w_gu, D, 0.f, cb->gu, 2 * FF, "gate|up", err)) return -1;
-        KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
+        if (bf && cb->skinny && kd_cu_skinny_pick(N, 2 * FF, D) == 5 &&
+            kd_cu_skinny_ok(N, 2 * FF, D, cb->h, D, Ly->w_gu, D, KD_SKINNY_MAX_M)) { /* gate|up and SwiGLU in one kernel */
+            KDA(kd_cu_gemm_skinny_swiglu(N, FF, D, (const __nv_bfloat16 *)cb->h, D, (const __nv_bfloat16 *)Ly->w_gu, D,
+                                         (__nv_bfloat16 *)cb->act, FF, s));
+        } else {
+            if (gemm(cb, N, 2 * FF, D, cb->h, D, Ly->w_gu, D, 0.f, cb->gu, 2 * FF, "gate|up", err)) return -1;
+            KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
+        }
         if (gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err)) return -1;
     }
     // ---- logits: final norm of the requested positions, head GEMM in chunks; each chunk

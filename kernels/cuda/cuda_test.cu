@@ -28,7 +28,8 @@
 //     tokens), in each commit mode (eager with the prefix cache): every request's tokens
 //     and finish equal.
 // (f) The skinny bf16 GEMM (gemv.cuh), every form, against a float64 reference: odd shapes,
-//     padded leading dimensions, beta 0 and 1; the products it must refuse.
+//     padded leading dimensions, beta 0 and 1; the products it must refuse; the gate|up product
+//     with SwiGLU in its epilogue (kd_cu_gemm_skinny_swiglu).
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1175,6 +1176,57 @@ static void skinny_case(int form, int M, int N, int K, int pad, float beta, uint
     (void)cudaGetLastError();
 }
 
+// kd_cu_gemm_skinny_swiglu against a float64 reference: gate and up rows interleaved in W,
+// Y = bf16(silu(gate) * up) over a NaN-poisoned Y whose padding between rows must stay.
+static void skinny_swiglu_case(int M, int FF, int K, int pad, uint64_t seed) {
+    Rng r(seed);
+    const int64_t lda = K + pad, ldw = K + 8 * (pad > 0), ldy = FF + pad;
+    std::vector<uint16_t> a((size_t)M * lda), w((size_t)2 * FF * ldw), y0((size_t)M * ldy, 0x7fc0);
+    for (auto &x : a) x = to_bf16_bits((float)r.normal());
+    for (auto &x : w) x = to_bf16_bits((float)(0.05 * r.normal()));
+    void *da = NULL, *dw = NULL, *dy = NULL;
+    bool ok = cudaMalloc(&da, a.size() * 2) == cudaSuccess && cudaMalloc(&dw, w.size() * 2) == cudaSuccess &&
+              cudaMalloc(&dy, y0.size() * 2) == cudaSuccess &&
+              cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(dy, y0.data(), y0.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+    cudaError_t e = cudaErrorUnknown;
+    std::vector<uint16_t> y(y0.size());
+    if (ok) {
+        e = kd_cu_gemm_skinny_swiglu(M, FF, K, (const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw,
+                                     (__nv_bfloat16 *)dy, ldy, 0);
+        ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+             cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
+    }
+    double worst = 0;
+    size_t bad = 0, pad_touched = 0;
+    for (int m = 0; ok && m < M; m++) {
+        for (int j = 0; j < FF; j++) {
+            double g = 0, u = 0, mg = 0, mu = 0;
+            for (int k = 0; k < K; k++) {
+                const double x = from_bf16_bits(a[(size_t)m * lda + k]);
+                const double tg = x * from_bf16_bits(w[(size_t)(2 * j) * ldw + k]);
+                const double tu = x * from_bf16_bits(w[(size_t)(2 * j + 1) * ldw + k]);
+                g += tg, u += tu, mg += fabs(tg), mu += fabs(tu);
+            }
+            const double ref = g / (1.0 + exp(-g)) * u, got = from_bf16_bits(y[(size_t)m * ldy + j]);
+            /* bf16 rounding of the result, plus fp32 accumulation in gate and up */
+            const double d = fabs(got - ref) / (4e-3 * fabs(ref) + 1e-5 * (1 + mg) * (1 + mu));
+            if (!(d <= 1)) bad++;
+            if (d > worst || d != d) worst = d;
+        }
+        for (int64_t j = FF; j < ldy; j++)
+            if (y[(size_t)m * ldy + j] != y0[(size_t)m * ldy + j]) pad_touched++;
+    }
+    report(ok && bad == 0 && pad_touched == 0,
+           "[skinny gate|up + SwiGLU M=%d FF=%d K=%d lda=%lld ldw=%lld ldy=%lld] %s: worst error %.2f of the "
+           "tolerance (%zu over), %zu padding elements touched",
+           M, FF, K, (long long)lda, (long long)ldw, (long long)ldy, ok ? "ran" : cudaGetErrorString(e), worst, bad,
+           pad_touched);
+    cudaFree(da), cudaFree(dw), cudaFree(dy);
+    (void)cudaGetLastError();
+}
+
 static void skinny_checks(uint64_t seed, bool quick) {
     struct S {
         int M, N, K, pad;
@@ -1189,6 +1241,15 @@ static void skinny_checks(uint64_t seed, bool quick) {
         for (int form = 0; form <= KD_SKINNY_FORMS; form++) /* the row forms (5..) take M <= 4 */
             if (form < 5 || full[i].M <= 4)
                 skinny_case(form, full[i].M, full[i].N, full[i].K, full[i].pad, full[i].beta, seed + i);
+    }
+    const int sw[][4] = {{1, 9216, 2304, 8}, {1, 37, 256, 0}, {3, 100, 512, 8}, {4, 1000, 96, 0}};
+    for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
+        if (!quick || i < 2) skinny_swiglu_case(sw[i][0], sw[i][1], sw[i][2], sw[i][3], seed + 100 + i);
+    {
+        const cudaError_t e = kd_cu_gemm_skinny_swiglu(5, 64, 256, (const __nv_bfloat16 *)NULL, 256,
+                                                       (const __nv_bfloat16 *)NULL, 256, NULL, 64, 0);
+        report(e == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+               "[skinny gate|up + SwiGLU refuses M=5] %s", cudaGetErrorName(e));
     }
     /* refused: too many rows, K not a multiple of 32, a leading dimension not a multiple of 8 */
     const int refused[][5] = {{33, 64, 256, 256, 256}, {4, 64, 100, 100, 100}, {4, 64, 256, 260, 256}};

@@ -157,19 +157,30 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
             for (int o = 16; o >= 1; o /= 2) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
 }
 
-template <int MT, int RW, int U>
+// SWIGLU (RW = 2, N even): W's rows interleave gate and up (row 2j gate_j, 2j + 1 up_j), and the
+// kernel writes act[m][j] = bf16(silu(gate) * up) into Y (leading dimension ldc) instead of C.
+template <int MT, int RW, int U, bool SWIGLU = false>
 __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                                          const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
-                                                         int64_t ldc) {
+                                                         int64_t ldc, __nv_bfloat16 *Y) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r0 = ((int64_t)blockIdx.x * 8 + warp) * RW;
     float acc[RW][MT];
     row_partials<MT, RW, U, 1>(acc, M, N, K, A, lda, W, ldw, r0, 0, lane);
-#pragma unroll
-    for (int r = 0; r < RW; r++)
+    if (SWIGLU) {
 #pragma unroll
         for (int m = 0; m < MT; m++)
-            if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, acc[r][m], beta);
+            if (lane == 0 && m < M && r0 + 1 < N) {
+                const float g = acc[0][m], u = acc[RW - 1][m];
+                Y[m * ldc + r0 / 2] = __float2bfloat16_rn(g * (1.f / (1.f + expf(-g))) * u); /* as kd_cu_swiglu */
+            }
+    } else {
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, acc[r][m], beta);
+    }
 }
 
 template <int NW, int U, bool CONTIG>
@@ -229,14 +240,17 @@ cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda
     }
 }
 
-template <int RW, int U>
+template <int RW, int U, bool SWIGLU = false>
 cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
-                       float beta, float *C, int64_t ldc, cudaStream_t s) {
+                       float beta, float *C, int64_t ldc, cudaStream_t s, __nv_bfloat16 *Y = nullptr) {
     const dim3 grid((unsigned)((n + 8 * RW - 1) / (8 * RW))), block(256);
     switch (m) {
-    case 1: return kd_launch_dep(skinny_row_kernel<1, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc);
-    case 2: return kd_launch_dep(skinny_row_kernel<2, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc);
-    default: return kd_launch_dep(skinny_row_kernel<4, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc);
+#define KD_SKINNY_ROW(MT) \
+    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc, Y)
+    case 1: return KD_SKINNY_ROW(1);
+    case 2: return KD_SKINNY_ROW(2);
+    default: return KD_SKINNY_ROW(4);
+#undef KD_SKINNY_ROW
     }
 }
 
@@ -288,6 +302,14 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
     case 10: return launch_rowk<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     default: return cudaErrorInvalidValue;
     }
+}
+
+cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                     const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *Y, int64_t ldy,
+                                     cudaStream_t s) {
+    if (M > 4 || FF < 1 || !kd_cu_skinny_ok(M, 2 * FF, K, A, lda, W, ldw, KD_SKINNY_MAX_M) || ldy < FF || !Y)
+        return cudaErrorInvalidValue;
+    return launch_row<2, 2, true>((int)M, (int)(2 * FF), (int)K, A, lda, W, ldw, 0.f, nullptr, ldy, s, Y);
 }
 
 cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,

@@ -53,6 +53,14 @@ cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat
                               const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                               cudaStream_t s);
 
+// The gate|up product and SwiGLU in one kernel (the row form 5, M <= 4): W [2 FF][K] with gate and
+// up rows interleaved (row 2j gate_j, row 2j + 1 up_j), Y [M][ldy] bf16, Y[m][j] =
+// bf16(silu(gate) * up) of the fp32 sums. cudaErrorInvalidValue where the row form cannot take
+// the shapes (kd_cu_skinny_ok, M > 4).
+cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                     const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *Y, int64_t ldy,
+                                     cudaStream_t s);
+
 // One form of it (benchmarks and tests; cudaErrorInvalidValue for an unknown form or one that
 // does not take M): 0 the default (by M), 1-4 the tensor-core form (8 warps a block, 4 or 2
 // key blocks in flight, interleaved; 4 warps, 4 contiguous / 2 interleaved), 5-8 the row form

@@ -251,7 +251,7 @@ __global__ void swiglu_kernel(Y *y, const float *gu, int64_t N, int64_t FF) {
     if (c >= FF) return;
     for (int64_t t = blockIdx.y; t < N; t += gridDim.y) {
         const float *row = gu + t * 2 * FF;
-        y[t * FF + c] = from_f32<Y>(silu_(row[c]) * row[FF + c]);
+        y[t * FF + c] = from_f32<Y>(silu_(row[2 * c]) * row[2 * c + 1]);
     }
 }
 

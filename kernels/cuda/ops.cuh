@@ -78,7 +78,9 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
                                 const float *bias, const float *w, int64_t N, int HV, int V,
                                 double eps, cudaStream_t s);
 
-// y[t][i] = silu(gu[t][i]) * gu[t][FF + i]; gu [N][2 FF], y [N][FF] (float or bf16).
+// y[t][i] = silu(gu[t][2i]) * gu[t][2i + 1]; gu [N][2 FF] with gate and up interleaved (the
+// backend's gate|up weights are, so that one warp of the skinny row form holds both: gemv.cuh
+// kd_cu_gemm_skinny_swiglu), y [N][FF] (float or bf16).
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF,
                          cudaStream_t s);
 
