@@ -370,8 +370,13 @@ typedef struct prefill_call prefill_call;
 static void *prefill_state_get(prefill_call *p);
 static kd_client *peer_client(const char *target, int *owned, kd_err *err);
 static void peer_client_drop(const char *target, kd_client *cl);
+/* Where an NCCL push's time went (seconds): the link acquired (connected when new), the
+ * sender's sum64, the send posted to its completion (the header RPC and its answer included). */
+typedef struct nccl_times {
+    double link, sum64, xfer;
+} nccl_times;
 static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, size_t *resp_len, int *code, char *msg,
-                             size_t len, double *t_xfer, kd_err *err);
+                             size_t len, nccl_times *tm, kd_err *err);
 static int prefill_state_to_host(prefill_call *p, kd_err *err);
 static void prefill_state_put(prefill_call *p);
 
@@ -2533,7 +2538,7 @@ static void *prefill_push_main(void *arg) {
     const double t_push = now_s();
     push_src ps = {.p = p, .hd = &hd};
     kd_client *cl = NULL;
-    double t_xfer = 0;
+    nccl_times tm = {0, 0, 0};
     int via_nccl = 0, cl_cached = 0;
     if (!secs || !secp) {
         code = KD_STATUS_INTERNAL;
@@ -2549,7 +2554,7 @@ static void *prefill_push_main(void *arg) {
             goto done;
         }
         cl_cached = !owned;
-        if (prefill_push_nccl(p, cl, &resp, &resp_len, &code, msg, sizeof msg, &t_xfer, &nerr) == 0) {
+        if (prefill_push_nccl(p, cl, &resp, &resp_len, &code, msg, sizeof msg, &tm, &nerr) == 0) {
             via_nccl = 1;
             goto done;
         }
@@ -2611,13 +2616,16 @@ done:;
         r.handoff_bytes = g_layout.total;
         r.prefill_seconds = p->t_prefilled - p->t0;
         r.handoff_seconds = t_end - t_push;
-        r.transfer_seconds = t_xfer;
+        r.transfer_seconds = tm.xfer;
         r.transport = via_nccl ? KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_NCCL
                                : KDECODE__V1__HANDOFF_TRANSPORT__HANDOFF_TRANSPORT_GRPC;
         kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_BYTES, g_layout.total);
         kd_metrics_observe(g_srv.metrics, KD_H_HANDOFF, t_end - t_push);
-        logf_("prefill-handed-off", "id=%s to=%s bytes=%" PRIu64 " in %.6f s over %s (transfer %.6f s)", p->id,
-              p->target, g_layout.total, t_end - t_push, via_nccl ? "NCCL" : "gRPC", t_xfer);
+        char how[160] = "";
+        if (via_nccl) /* where the time went (the rest: the peer's client, the header, the answer's unpacking) */
+            snprintf(how, sizeof how, " (link %.6f s, sum64 %.6f s, transfer %.6f s)", tm.link, tm.sum64, tm.xfer);
+        logf_("prefill-handed-off", "id=%s to=%s bytes=%" PRIu64 " in %.6f s over %s%s", p->id, p->target,
+              g_layout.total, t_end - t_push, via_nccl ? "NCCL" : "gRPC", how);
         prefill_reply(p, &r, KD_STATUS_OK, "");
     } else {
         kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_FAILURES, 1);
@@ -3001,7 +3009,7 @@ static int nccl_next(void *ctx, kd_msg *out) {
 /* Pushes p->state (device memory) over NCCL. 0: the push was made, its outcome in *code and
  * msg (and *resp on success); -1: no link (the caller falls back to gRPC, reason in err). */
 static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, size_t *resp_len, int *code, char *msg,
-                             size_t len, double *t_xfer, kd_err *err) {
+                             size_t len, nccl_times *tm, kd_err *err) {
     const size_t ns_ = g_layout.n;
     kd_dev_region *regs = calloc(ns_, sizeof *regs);
     uint64_t *sums = calloc(ns_, sizeof *sums);
@@ -3014,13 +3022,16 @@ static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, siz
     for (size_t i = 0; i < ns_; i++)
         regs[i] = (kd_dev_region){(const char *)p->state + g_layout.sects[i].offset, g_layout.sects[i].size};
     for (int attempt = 0; attempt < 2; attempt++) {
+        const double t0 = now_s();
         kd_nccl_link *l = kd_nccl_acquire_to(g_nccl, p->target, nccl_connect_rpc, cl, err);
         kd_metrics_set(g_srv.metrics, KD_G_NCCL_LINKS, kd_nccl_count(g_nccl));
         if (!l) goto out;
+        const double t1 = now_s();
         if (kd_nccl_sum64(g_nccl, l, regs, (int)ns_, sums, err)) {
             kd_nccl_release(g_nccl, l, 0);
             goto out;
         }
+        tm->link = t1 - t0, tm->sum64 = now_s() - t1;
         Kdecode__V1__HandoffHeader hd = KDECODE__V1__HANDOFF_HEADER__INIT;
         Kdecode__V1__StateLayout ly = KDECODE__V1__STATE_LAYOUT__INIT;
         handoff_header_fill(p, secs, secp, &ly, &hd);
@@ -3047,7 +3058,7 @@ static int prefill_push_nccl(prefill_call *p, kd_client *cl, uint8_t **resp, siz
          * acceptance; after a refusal the link is aborted below, which ends the send */
         const int accepted = crc == 0 && st.code == KD_STATUS_OK;
         const int waited = accepted && src.sent && !src.err.msg[0] ? kd_nccl_wait(g_nccl, l, &werr) : -1;
-        *t_xfer = now_s() - src.t_send;
+        tm->xfer = now_s() - src.t_send;
         free(src.buf), free(send);
         const int ok = accepted && waited == 0;
         kd_nccl_release(g_nccl, l, !ok); /* a link left with a send or receive pending is of no use */
