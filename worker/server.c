@@ -333,6 +333,10 @@ typedef struct server {
     int engine_stop;
     gen_call *live;          /* registry of Generate calls that hold a request */
     int n_live;
+    /* Generate calls accepted whose last batch (final message and status) has not completed:
+     * the drain waits for these too, since a request the engine finished may still have its
+     * last tokens on the way, and cancelling the calls would lose them */
+    int n_streams;
     int n_calls;             /* call objects alive (for shutdown) */
     uint64_t next_id;
     /* Ids given to requests that came without one: "kd-<tag>-<n>", the tag drawn at start, so
@@ -798,13 +802,26 @@ struct gen_call {
     /* registry, under g_srv.mu */
     gen_call *prev, *next;
     int registered;
+    int streaming; /* counted in g_srv.n_streams, under g_srv.mu */
 };
+
+/* The call's last batch completed, or the call is gone (g->mu not held). */
+static void gen_stream_done(gen_call *g) {
+    pthread_mutex_lock(&g_srv.mu);
+    if (g->streaming) {
+        g->streaming = 0;
+        g_srv.n_streams--;
+        pthread_cond_broadcast(&g_srv.cv);
+    }
+    pthread_mutex_unlock(&g_srv.mu);
+}
 
 static void gen_unref(gen_call *g) {
     pthread_mutex_lock(&g->mu);
     int left = --g->refs;
     pthread_mutex_unlock(&g->mu);
     if (left) return;
+    gen_stream_done(g);
     grpc_call_unref(g->call);
     if (g->recv_bb) grpc_byte_buffer_destroy(g->recv_bb);
     if (g->send_bb) grpc_byte_buffer_destroy(g->send_bb);
@@ -917,7 +934,9 @@ static void gen_send_done(void *obj, int ok) {
     g->send_bb = NULL;
     if (!ok) g->broken = 1;
     gen_maybe_send(g);
+    const int over = !g->send_in_flight && (g->final_sent || g->broken);
     pthread_mutex_unlock(&g->mu);
+    if (over) gen_stream_done(g);
     gen_unref(g);
 }
 
@@ -995,6 +1014,8 @@ static void gen_recv_done(void *obj, int ok) {
             g_srv.live = g;
             g->registered = 1;
             g_srv.n_live++;
+            g->streaming = 1;
+            g_srv.n_streams++;
             g_srv.tokens_in_flight += g->req.params.max_tokens;
             pthread_mutex_lock(&g->mu);
             g->refs++; /* the engine's */
@@ -1145,7 +1166,9 @@ static void gen_on_event(sink *k, const kd_event *ev) {
     pthread_mutex_unlock(&g_srv.mu);
     pthread_mutex_lock(&g->mu);
     gen_maybe_send(g);
+    const int over = g->engine_done && !g->send_in_flight && g->broken; /* nothing more will be sent */
     pthread_mutex_unlock(&g->mu);
+    if (over) gen_stream_done(g);
     if (ev->finish != KD_FINISH_NONE) {
         count_finish(ev->finish);
         kd_metrics_observe(g_srv.metrics, KD_H_E2E, t - g->t_arrive);
@@ -3493,7 +3516,7 @@ int kd_serve_main(int argc, char **argv) {
     const double t_drain = now_s();
     logf_("draining", "running=%d grace=%.1f s", g_srv.n_live, o->drain_seconds);
     pthread_mutex_lock(&g_srv.mu);
-    while (g_srv.n_live > 0 && now_s() - t_drain < o->drain_seconds) {
+    while ((g_srv.n_live > 0 || g_srv.n_streams > 0) && now_s() - t_drain < o->drain_seconds) {
         pthread_mutex_unlock(&g_srv.mu);
         usleep(20000);
         pthread_mutex_lock(&g_srv.mu);
@@ -3502,6 +3525,8 @@ int kd_serve_main(int argc, char **argv) {
         logf_("drain-timeout", "aborting %d requests", g_srv.n_live);
         cmd *c = calloc(1, sizeof *c);
         if (c) c->kind = CMD_ABORT_ALL, enqueue_locked(c);
+    } else if (g_srv.n_streams > 0) {
+        logf_("drain-timeout", "%d finished requests still sending their last tokens", g_srv.n_streams);
     }
     pthread_mutex_unlock(&g_srv.mu);
     set_state(ST_STOPPING);
