@@ -356,6 +356,7 @@ typedef struct server {
     handoff *handoffs;       /* states arrived or arriving by PushState */
     int n_handoffs;
     int n_prefill;           /* Prefill requests in the engine or handing off */
+    int n_replies;           /* their answers on the way (the drain waits for them) */
     /* engine thread only: engine id -> sink */
     sink **idmap;
     size_t idmap_cap;
@@ -453,11 +454,18 @@ typedef struct status_call {
     char push[32];
     int has_trailer;
     int cancelled;
+    int counted; /* in g_srv.n_replies until the batch completes */
 } status_call;
 
 static void status_done(void *obj, int ok) {
     (void)ok;
     status_call *c = obj;
+    if (c->counted) {
+        pthread_mutex_lock(&g_srv.mu);
+        g_srv.n_replies--;
+        pthread_cond_broadcast(&g_srv.cv);
+        pthread_mutex_unlock(&g_srv.mu);
+    }
     grpc_slice_unref(c->details);
     grpc_call_unref(c->call);
     free(c);
@@ -466,15 +474,28 @@ static void status_done(void *obj, int ok) {
 
 /* Sends initial metadata (unless sent) and the status; takes the call reference. with_close:
  * also wait for the close (unless the caller already has RECV_CLOSE_ON_SERVER in flight). */
-static void reply_status_ex(grpc_call *call, int initial_sent, int with_close, grpc_status_code code, const char *msg,
-                            long pushback_ms) {
+/* counted: the answer of accepted work (a Prefill), which the drain waits for (status_call) */
+static status_call *status_new(int counted) {
     status_call *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    call_ref_count(1);
+    if (counted) {
+        c->counted = 1;
+        pthread_mutex_lock(&g_srv.mu);
+        g_srv.n_replies++;
+        pthread_mutex_unlock(&g_srv.mu);
+    }
+    return c;
+}
+
+static void reply_status_cx(grpc_call *call, int initial_sent, int with_close, grpc_status_code code, const char *msg,
+                            long pushback_ms, int counted) {
+    status_call *c = status_new(counted);
     if (!c) {
         grpc_call_cancel(call, NULL);
         grpc_call_unref(call);
         return;
     }
-    call_ref_count(1);
     c->t = (tag){status_done, c};
     c->call = call;
     c->details = grpc_slice_from_copied_string(msg);
@@ -505,21 +526,25 @@ static void reply_status_ex(grpc_call *call, int initial_sent, int with_close, g
     if (has_trailer) grpc_slice_unref(trailer); /* the batch holds its own refs */
 }
 
+static void reply_status_ex(grpc_call *call, int initial_sent, int with_close, grpc_status_code code, const char *msg,
+                            long pushback_ms) {
+    reply_status_cx(call, initial_sent, with_close, code, msg, pushback_ms, 0);
+}
+
 static void reply_status(grpc_call *call, int initial_sent, grpc_status_code code, const char *msg, long pushback_ms) {
     reply_status_ex(call, initial_sent, 1, code, msg, pushback_ms);
 }
 
 /* Sends one message and an OK status (initial metadata too unless sent; RECV_CLOSE unless
  * the caller has one in flight); takes the call reference and the byte buffer. */
-static void reply_message(grpc_call *call, grpc_byte_buffer *msg, int initial_sent, int with_close) {
-    status_call *c = calloc(1, sizeof *c);
+static void reply_message_cx(grpc_call *call, grpc_byte_buffer *msg, int initial_sent, int with_close, int counted) {
+    status_call *c = status_new(counted);
     if (!c) {
         grpc_byte_buffer_destroy(msg);
         grpc_call_cancel(call, NULL);
         grpc_call_unref(call);
         return;
     }
-    call_ref_count(1);
     c->t = (tag){status_done, c};
     c->call = call;
     c->details = grpc_empty_slice();
@@ -538,6 +563,10 @@ static void reply_message(grpc_call *call, grpc_byte_buffer *msg, int initial_se
     }
     if (grpc_call_start_batch(call, ops, n, &c->t, NULL) != GRPC_CALL_OK) status_done(c, 0);
     grpc_byte_buffer_destroy(msg); /* the batch took its own reference */
+}
+
+static void reply_message(grpc_call *call, grpc_byte_buffer *msg, int initial_sent, int with_close) {
+    reply_message_cx(call, msg, initial_sent, with_close, 0);
 }
 
 /* ---------------------------------------------------------------- health and loads */
@@ -983,7 +1012,10 @@ static void gen_recv_done(void *obj, int ok) {
         grpc_byte_buffer_destroy(bb);
     }
     const int state = atomic_load(&g_srv.state);
-    if (code == KD_STATUS_OK && state != ST_SERVING) {
+    /* a draining worker still takes the claims of handoffs it holds: their prompts were
+     * computed for it and are here, and the drain waits for them */
+    const int claim_draining = state == ST_DRAINING && g->req.handoff_id[0];
+    if (code == KD_STATUS_OK && state != ST_SERVING && !claim_draining) {
         code = KD_STATUS_UNAVAILABLE;
         snprintf(msg, sizeof msg, state == ST_LOADING ? "the worker is loading its model" : "the worker is draining");
         kd_metrics_add(g_srv.metrics, KD_C_REJECTED_DRAINING, 1);
@@ -2454,18 +2486,20 @@ static void prefill_unref(prefill_call *p) {
     call_ref_count(-1);
 }
 
+/* The answer counts for the drain until it has gone (n_replies): the caller takes n_prefill
+ * back right after. */
 static void prefill_reply(prefill_call *p, const Kdecode__V1__PrefillResponse *r, int code, const char *msg) {
     grpc_call_ref(p->call);
     if (code != KD_STATUS_OK || !r) {
-        reply_status_ex(p->call, 0, 0, (grpc_status_code)code, msg, -1);
+        reply_status_cx(p->call, 0, 0, (grpc_status_code)code, msg, -1, 1);
         return;
     }
     grpc_byte_buffer *bb = pack_bb(&r->base);
     if (!bb) {
-        reply_status_ex(p->call, 0, 0, GRPC_STATUS_INTERNAL, "out of memory", -1);
+        reply_status_cx(p->call, 0, 0, GRPC_STATUS_INTERNAL, "out of memory", -1, 1);
         return;
     }
-    reply_message(p->call, bb, 0, 0);
+    reply_message_cx(p->call, bb, 0, 0, 1);
 }
 
 /* The header of p's handoff: this worker's layout, the request's prompt and first token;
@@ -3511,16 +3545,24 @@ int kd_serve_main(int argc, char **argv) {
         }
         rc = 0;
     }
-    /* drain: refuse new requests, let the running ones finish */
+    /* drain: refuse new requests, let the running ones finish, and with them whatever was
+     * already handed to this worker: Prefill requests on their way to a decode worker, and
+     * handoffs arriving or waiting for their claim (each bounded by its lease) */
     set_state(ST_DRAINING);
     const double t_drain = now_s();
-    logf_("draining", "running=%d grace=%.1f s", g_srv.n_live, o->drain_seconds);
     pthread_mutex_lock(&g_srv.mu);
-    while ((g_srv.n_live > 0 || g_srv.n_streams > 0) && now_s() - t_drain < o->drain_seconds) {
+    logf_("draining", "running=%d prefills=%d handoffs=%d grace=%.1f s", g_srv.n_live, g_srv.n_prefill,
+          g_srv.n_handoffs, o->drain_seconds);
+    while ((g_srv.n_live > 0 || g_srv.n_streams > 0 || g_srv.n_prefill > 0 || g_srv.n_replies > 0 ||
+            g_srv.n_handoffs > 0) &&
+           now_s() - t_drain < o->drain_seconds) {
         pthread_mutex_unlock(&g_srv.mu);
         usleep(20000);
+        handoff_expire();
         pthread_mutex_lock(&g_srv.mu);
     }
+    if (g_srv.n_prefill > 0) logf_("drain-timeout", "%d Prefill requests cut", g_srv.n_prefill);
+    if (g_srv.n_handoffs > 0) logf_("drain-timeout", "%d handoffs not claimed", g_srv.n_handoffs);
     if (g_srv.n_live > 0) {
         logf_("drain-timeout", "aborting %d requests", g_srv.n_live);
         cmd *c = calloc(1, sizeof *c);

@@ -745,6 +745,21 @@ class FaultTest(unittest.TestCase):
         c, d, toks, _ = claim(server, rid, self.max_tokens - 1)
         self.assertEqual((c, [self.pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
 
+    def slow_prefill(self, name, rid, what, *flags):
+        """A prefill worker whose pushes sleep 60 ms between chunks (the flags added), and a
+        Prefill of the reference prompt to self.D on it, once the decode worker holds the
+        arriving handoff: (server, future)."""
+        S = Server(name, ["--role", "prefill", "--max-seqs", "1", "--debug-handoff-delay-ms", "60", *flags],
+                   model=self.big)
+        self.servers.append(S)
+        S.wait_ready()
+        fut = S.prefill_call.future(pb.PrefillRequest(request_id=rid, prompt_token_ids=self.prompt,
+                                                      decode_target=self.D.target, ignore_eos=True), timeout=T(120))
+        wait_until(lambda: self.D.loads().handoffs_pending == 1 or fut.done(), T(30), "the handoff to start")
+        if fut.done():
+            self.fail(f"the slow handoff ended before {what}: {fut.exception() or fut.result()}")
+        return S, fut
+
     def push(self, msgs, server=None, timeout=None):
         """Replays PushState messages (PushStateRequest or raw bytes): (code, details, response)."""
         server = server or self.D
@@ -1454,17 +1469,9 @@ class FaultTest(unittest.TestCase):
     # ------------------------------------------------------ dying workers
 
     def test_kill_prefill_mid_transfer(self):
-        S = Server("prefill48-slow", ["--role", "prefill", "--max-seqs", "1", "--debug-handoff-delay-ms", "60"],
-                   model=self.big)
-        self.servers.append(S)
-        S.wait_ready()
         before = self.D.metrics().get("kdecode_handoff_failures_total", 0)
         rid = self.new_id("killed")
-        fut = S.prefill_call.future(pb.PrefillRequest(request_id=rid, prompt_token_ids=self.prompt,
-                                                      decode_target=self.D.target, ignore_eos=True), timeout=T(120))
-        wait_until(lambda: self.D.loads().handoffs_pending == 1 or fut.done(), T(30), "the handoff to start")
-        if fut.done():
-            self.fail(f"the slow handoff ended before the kill: {fut.exception() or fut.result()}")
+        S, fut = self.slow_prefill("prefill48-slow", rid, "the kill")
         time.sleep(0.3)  # a few chunks in
         self.assertEqual(self.D.loads().handoffs_pending, 1)
         S.proc.kill()
@@ -1513,16 +1520,8 @@ class FaultTest(unittest.TestCase):
         will claim what the prefill worker pushes: the push must stop with the call (or what
         it pushed be aborted), freeing the decode worker's slot, not hold it for the whole
         lease (30 s here). DESIGN: every path frees its slot, cancel and deadline included."""
-        S = Server("prefill48-slow3", ["--role", "prefill", "--max-seqs", "1", "--debug-handoff-delay-ms", "60"],
-                   model=self.big)
-        self.servers.append(S)
-        S.wait_ready()
         rid = self.new_id("router-gave-up")
-        fut = S.prefill_call.future(pb.PrefillRequest(request_id=rid, prompt_token_ids=self.prompt,
-                                                      decode_target=self.D.target, ignore_eos=True), timeout=T(120))
-        wait_until(lambda: self.D.loads().handoffs_pending == 1 or fut.done(), T(30), "the handoff to start")
-        if fut.done():
-            self.fail(f"the slow handoff ended before the cancel: {fut.exception() or fut.result()}")
+        S, fut = self.slow_prefill("prefill48-slow3", rid, "the cancel")
         fut.cancel()
         t_cancel = time.monotonic()
         # the push would take ~2.6 s more; a handoff still pending after 5 s outlived its call
@@ -1541,10 +1540,15 @@ class FaultTest(unittest.TestCase):
         self.assert_served(what="a cancelled Prefill")
 
     def test_sigterm_with_pending_handoffs(self):
-        """SIGTERM on a decode worker holding a ready handoff and receiving another: it exits 0
-        (under the sanitizers: without leaks), the arriving push fails, nothing hangs."""
-        V = self.decode_worker("decode48-term", "--max-seqs", "2", "--drain-seconds", "5")
-        c, d, _ = self.push(self.stream(self.new_id("term-ready")), V)
+        """SIGTERM on a decode worker holding a ready handoff and receiving another: it drains
+        with them - refuses new work (a prompt Generate, a new push), still takes the claim of
+        the ready handoff, whose tokens are the reference's - then at the end of its grace
+        drops the push that never finished, exits 0 (under the sanitizers: without leaks), and
+        the arriving push fails; nothing hangs."""
+        grace = T(5)
+        V = self.decode_worker("decode48-term", "--max-seqs", "2", "--drain-seconds", str(grace))
+        ready = self.new_id("term-ready")
+        c, d, _ = self.push(self.stream(ready), V)
         self.assertEqual(c, SC.OK, d)
         gate = threading.Event()
         rid = self.new_id("term-arriving")
@@ -1557,15 +1561,47 @@ class FaultTest(unittest.TestCase):
         fut = V.push_call.future(slow(), timeout=T(60))
         try:
             wait_until(lambda: V.loads().handoffs_pending == 2, T(10), "both handoffs")
+            t_term = time.monotonic()
             V.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: V.loads().draining, T(5), "the drain")
+            c, d, _ = rpc_code(generate, V, gen_req(self.probe, 3))
+            self.assertEqual(c, SC.UNAVAILABLE, f"a prompt Generate while draining: {c} '{d}'")
+            c, d, _ = self.push(self.stream(self.new_id("term-new")), V)
+            self.assertEqual(c, SC.UNAVAILABLE, f"a new push while draining: {c} '{d}'")
+            self.assert_claims(V, ready)  # the ready handoff is still served
+            self.assertIsNone(V.proc.poll(), "the worker must wait for the arriving push within its grace")
             rc = V.proc.wait(timeout=T(30))
+            waited = time.monotonic() - t_term
         finally:
             gate.set()
         V.killed = True  # exited already
         self.assertEqual(rc, 0, V.tail())
+        self.assertGreaterEqual(waited, grace - 0.5, "the drain waits for the arriving push up to its grace")
         with self.assertRaises(grpc.RpcError) as cm:
             fut.result(timeout=T(30))
         self.assertIn(cm.exception.code(), (SC.UNAVAILABLE, SC.CANCELLED), cm.exception.details())
+        log = V.log_text()
+        self.assertIn("1 handoffs not claimed", log, V.tail())
+        self.assertIn(f"handoff-dropped id={rid}", log, V.tail())
+
+    def test_sigterm_on_prefill_mid_transfer(self):
+        """SIGTERM on a prefill worker while a Prefill is pushing its state (slowly): the drain
+        lets the push finish, the Prefill returns OK, the decode worker's claim gives the
+        reference tokens, and the prefill worker exits 0 once it is done (not at its grace)."""
+        grace = 30.0
+        rid = self.new_id("prefill-term")
+        S, fut = self.slow_prefill("prefill48-term", rid, "the SIGTERM", "--drain-seconds", str(grace))
+        t_term = time.monotonic()
+        S.proc.send_signal(signal.SIGTERM)
+        pr = fut.result(timeout=T(60))
+        c, d, toks, _ = claim(self.D, rid, self.max_tokens - 1)
+        self.assertEqual((c, [pr.first_token] + (toks or [])), (SC.OK, self.expected), d)
+        rc = S.proc.wait(timeout=T(30))
+        S.killed = True
+        self.assertEqual(rc, 0, S.tail())
+        self.assertLess(time.monotonic() - t_term, grace, "the drain ends when the Prefill is done")
+        self.assertNotIn("drain-timeout", S.log_text(), S.tail())
+        self.assert_served(what="a prefill worker drained mid-transfer")
 
     def test_dead_decode_worker_before_prefill(self):
         V = self.decode_worker("decode48-dead", "--max-seqs", "1")
