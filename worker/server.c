@@ -473,8 +473,6 @@ static void status_done(void *obj, int ok) {
     call_ref_count(-1);
 }
 
-/* Sends initial metadata (unless sent) and the status; takes the call reference. with_close:
- * also wait for the close (unless the caller already has RECV_CLOSE_ON_SERVER in flight). */
 /* counted: the answer of accepted work (a Prefill), which the drain waits for (status_call) */
 static status_call *status_new(int counted) {
     status_call *c = calloc(1, sizeof *c);
@@ -489,6 +487,8 @@ static status_call *status_new(int counted) {
     return c;
 }
 
+/* Sends initial metadata (unless sent) and the status; takes the call reference. with_close:
+ * also wait for the close (unless the caller already has RECV_CLOSE_ON_SERVER in flight). */
 static void reply_status_cx(grpc_call *call, int initial_sent, int with_close, grpc_status_code code, const char *msg,
                             long pushback_ms, int counted) {
     status_call *c = status_new(counted);
