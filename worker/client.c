@@ -435,7 +435,7 @@ int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next
     ops[0].data.recv_initial_metadata.recv_initial_metadata = &cc.initial_md;
     ops[1].op = GRPC_OP_RECV_MESSAGE;
     ops[1].data.recv_message.recv_message = &recv_bb;
-    int pending = 0, status_done = 0, rc = 0;
+    int pending = 0, status_done = 0, rc = 0, gave_up = 0;
     if (grpc_call_start_batch(cc.call, ops, 2, (void *)(intptr_t)TAG_RECV_ONE, NULL) == GRPC_CALL_OK) pending++;
     grpc_op sop;
     memset(&sop, 0, sizeof sop);
@@ -485,7 +485,17 @@ int kd_client_client_stream(kd_client *c, const char *method, kd_msg_source next
             }
             continue;
         }
-        grpc_event ev = grpc_completion_queue_next(cc.cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev = grpc_completion_queue_next(
+            cc.cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN)), NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) { /* still waiting: has the sender given up? */
+            if (!gave_up && !status_done && next(ctx, NULL) < 0) {
+                gave_up = 1;
+                grpc_call_cancel(cc.call, NULL);
+                if (rc == 0) rc = kd_fail(err, "client: %s: cancelled by the sender", method);
+                sending = 0;
+            }
+            continue;
+        }
         if (ev.type != GRPC_OP_COMPLETE) continue;
         pending--;
         switch ((intptr_t)ev.tag) {

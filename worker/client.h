@@ -45,8 +45,10 @@ int kd_client_server_stream(kd_client *c, const char *method, const uint8_t *req
 /* A client-streaming call: next(ctx, &msg) yields each request message (1), the end of the
  * stream (0) or cancels the call (-1). A message is head (copied; valid until the next call
  * to next) followed by tail (sent without a copy: it must stay valid until the call
- * returns), so bulk bytes go out with one copy fewer. The one response comes back as with
- * kd_client_unary. */
+ * returns), so bulk bytes go out with one copy fewer. While the call waits (a message in
+ * flight to a slow or stuck peer, or the answer), next(ctx, NULL) is called about every
+ * 100 ms: -1 cancels the call (the sender gave up), anything else goes on. The one response
+ * comes back as with kd_client_unary. */
 typedef struct kd_msg {
     const uint8_t *head;
     size_t head_len;

@@ -2556,6 +2556,7 @@ static int push_src_pack(push_src *ps, const Kdecode__V1__PushStateRequest *m, k
 
 static int push_next(void *ctx, kd_msg *out) {
     push_src *ps = ctx;
+    if (!out) return atomic_load(&ps->p->gone) ? -1 : 0; /* the Prefill call is gone: stop the push */
     Kdecode__V1__PushStateRequest m = KDECODE__V1__PUSH_STATE_REQUEST__INIT;
     if (!ps->header_done) {
         m.msg_case = KDECODE__V1__PUSH_STATE_REQUEST__MSG_HEADER;
@@ -3047,6 +3048,7 @@ typedef struct nccl_src {
 /* The stream's messages: the header, then (no more messages) the sends. */
 static int nccl_next(void *ctx, kd_msg *out) {
     nccl_src *ns = ctx;
+    if (!out) return 0; /* (a wait: the NCCL send ends with the link's own timeouts) */
     if (ns->stage++ == 0) {
         if (!(ns->buf = malloc(protobuf_c_message_get_packed_size(&ns->m.base) + 1))) return -1;
         *out = (kd_msg){.head = ns->buf, .head_len = protobuf_c_message_pack(&ns->m.base, ns->buf)};

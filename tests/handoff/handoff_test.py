@@ -1603,6 +1603,53 @@ class FaultTest(unittest.TestCase):
         self.assertNotIn("drain-timeout", S.log_text(), S.tail())
         self.assert_served(what="a prefill worker drained mid-transfer")
 
+    def test_sigterm_on_prefill_stuck_push(self):
+        """A decode worker that stops reading in the middle of a push (a stand-in that takes
+        PushState and never reads it): SIGTERM on the prefill worker with a 1 s grace cuts the
+        Prefill at the grace's end, the push's client call is cancelled by its sender, and the
+        worker exits 0 - not after waiting 10 s for its calls, not hanging until the stand-in
+        lets go (60 s), and under the sanitizers with nothing touched after it was freed. (gRPC's
+        own shutdown sometimes takes ~8 s more here: a connection whose peer stopped reading.)"""
+        release = threading.Event()
+        reading = threading.Event()
+
+        def stuck(request_iterator, context):
+            reading.set()
+            release.wait(T(60))
+            return b""
+
+        fake = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        fake.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "kdecode.v1.Decoder", {"PushState": grpc.stream_unary_rpc_method_handler(stuck)}),))
+        port = fake.add_insecure_port("127.0.0.1:0")
+        fake.start()
+        try:
+            S = Server("prefill48-stuck", ["--role", "prefill", "--max-seqs", "1", "--drain-seconds", "1"],
+                       model=self.big)
+            self.servers.append(S)
+            S.wait_ready()
+            fut = S.prefill_call.future(pb.PrefillRequest(request_id=self.new_id("stuck"), prompt_token_ids=self.prompt,
+                                                          decode_target=f"127.0.0.1:{port}", ignore_eos=True),
+                                        timeout=T(120))
+            wait_until(lambda: reading.is_set() or fut.done(), T(30), "the push to start")
+            time.sleep(0.5)  # the windows fill: the push waits on the stand-in
+            self.assertFalse(fut.done(), "the push to a peer that does not read cannot have finished")
+            S.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = S.proc.wait(timeout=T(20))
+            except subprocess.TimeoutExpired:
+                self.fail(f"the prefill worker still runs {T(20):.0f} s after SIGTERM with a 1 s grace\n{S.tail()}")
+            S.killed = True
+            self.assertEqual(rc, 0, S.tail())
+            log = S.log_text()
+            self.assertIn("1 Prefill requests cut", log, S.tail())
+            self.assertNotIn("calls still open", log, S.tail())
+            with self.assertRaises(grpc.RpcError):
+                fut.result(timeout=T(10))
+        finally:
+            release.set()
+            fake.stop(0)
+
     def test_dead_decode_worker_before_prefill(self):
         V = self.decode_worker("decode48-dead", "--max-seqs", "1")
         target = V.target

@@ -157,6 +157,7 @@ typedef struct job {
 /* A chunk message as the prefill worker writes it: field 2 (bytes), its length, the bytes. */
 static int next_chunk(void *ctx, kd_msg *m) {
     job *j = ctx;
+    if (!m) return 0; /* a wait */
     if (j->sent == j->len) return 0;
     const size_t n = j->len - j->sent < CHUNK ? j->len - j->sent : CHUNK;
     if (g_hash) {
