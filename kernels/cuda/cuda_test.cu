@@ -1118,6 +1118,14 @@ static double from_bf16_bits(uint16_t b) {
     return x;
 }
 
+// A device copy of h (cudaMalloc + cudaMemcpy); false on a CUDA error (*d may then hold an
+// allocation to free).
+template <class T>
+static bool to_dev(void **d, const std::vector<T> &h) {
+    return cudaMalloc(d, h.size() * sizeof(T)) == cudaSuccess &&
+           cudaMemcpy(*d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
+}
+
 // kd_cu_gemm_skinny against a float64 reference on fresh random bf16 inputs: each output
 // within 1e-5 of the sum of its terms' magnitudes (fp32 accumulation of exact products),
 // beta 0 over a NaN-poisoned C and beta 1 over a random one, leading dimensions wider than
@@ -1142,11 +1150,7 @@ static void skinny_case(int form, int M, int N, int K, int pad, float beta, uint
             ref[(size_t)m * N + n] = sum + cc, mag[(size_t)m * N + n] = sa + fabs(cc);
         }
     void *da = NULL, *dw = NULL, *dc = NULL;
-    bool ok = cudaMalloc(&da, a.size() * 2) == cudaSuccess && cudaMalloc(&dw, w.size() * 2) == cudaSuccess &&
-              cudaMalloc(&dc, c0.size() * 4) == cudaSuccess &&
-              cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-              cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-              cudaMemcpy(dc, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    bool ok = to_dev(&da, a) && to_dev(&dw, w) && to_dev(&dc, c0);
     cudaError_t e = cudaErrorUnknown;
     std::vector<float> c(c0.size());
     if (ok) {
@@ -1185,11 +1189,7 @@ static void skinny_swiglu_case(int M, int FF, int K, int pad, uint64_t seed) {
     for (auto &x : a) x = to_bf16_bits((float)r.normal());
     for (auto &x : w) x = to_bf16_bits((float)(0.05 * r.normal()));
     void *da = NULL, *dw = NULL, *dy = NULL;
-    bool ok = cudaMalloc(&da, a.size() * 2) == cudaSuccess && cudaMalloc(&dw, w.size() * 2) == cudaSuccess &&
-              cudaMalloc(&dy, y0.size() * 2) == cudaSuccess &&
-              cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-              cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-              cudaMemcpy(dy, y0.data(), y0.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+    bool ok = to_dev(&da, a) && to_dev(&dw, w) && to_dev(&dy, y0);
     cudaError_t e = cudaErrorUnknown;
     std::vector<uint16_t> y(y0.size());
     if (ok) {
