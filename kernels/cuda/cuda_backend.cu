@@ -33,6 +33,14 @@
 // parameters) live in the pinned metadata block whose upload is the graph's first node, so
 // a replay reads this step's values; the host waits once per step, for the tokens.
 // KDECODE_CUDA_GRAPHS=0 at creation (or kd_cuda_set_graphs) runs every batch eagerly.
+//
+// The verify windows' conv folds (each slot's conv window advanced by the tokens the last step
+// accepted) of every layer run in one launch before the first layer, since their inputs are
+// the step before's records (kd_cu_conv_fold_layers; kd_cuda_set_fold_layers(0): one a layer).
+// Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
+// conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
+// RMSNorm inside the skinny products, were each slower on an H200 (every block of a product
+// redoes the row's norm: 1.896 -> 1.950 / 1.968 / 1.915 / 2.027 ms a step at B = 1).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -126,6 +134,7 @@ struct cu_backend {
     // CUDA graphs of decode steps (forward_sample on verify-only batches)
     int graphs;
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
+    int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
 };
@@ -746,6 +755,13 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     // ---- the model
     KDA(kd_cu_embed(bf, cb->embed, d_tokens, N, D, cb->x, s));
     const kd_kda_mode kmode = kda_mode(cb);
+    /* the verify windows' conv folds of every layer in one launch: their inputs are the records
+     * of the step before, which no layer of this step has touched yet (one launch instead of one
+     * a layer: 1.896 -> 1.858 ms a step of the 48B preset at B = 1 on an H200) */
+    const int fold_first = cb->fold_layers && nvf;
+    if (fold_first)
+        KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
+                                   cb->lxrec, b->max_window, s));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cu_layer *Ly = &cb->layers[l];
         float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
@@ -763,7 +779,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err) ||
             gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err))
             return -1;
-        if (nvf)
+        if (nvf && !fold_first)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
         KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W, xrec,
                             b->max_window, cb->q, cb->k, cb->v, s));
@@ -1009,6 +1025,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     const char *graphs_env = getenv("KDECODE_CUDA_GRAPHS");
     cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
     cb->skinny = 1;
+    cb->fold_layers = 1;
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(cb->dev);
     if (e != cudaSuccess) what = "cudaSetDevice";
@@ -1069,6 +1086,13 @@ extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) {
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->skinny = on ? 1 : 0;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_fold_layers(kd_backend *b, int on) {
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->fold_layers = on ? 1 : 0;
     return 0;
 }
 

@@ -30,6 +30,9 @@
 // (f) The skinny bf16 GEMM (gemv.cuh), every form, against a float64 reference: odd shapes,
 //     padded leading dimensions, beta 0 and 1; the products it must refuse; the gate|up product
 //     with SwiGLU in its epilogue (kd_cu_gemm_skinny_swiglu).
+// (g) The verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers) against
+//     one launch a layer: bf16 backends replaying graphs, single-token logits bit for bit, then
+//     decode steps with every token and acceptance equal.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -816,18 +819,23 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 
 // ------------------------------------------------------------------------ CUDA graphs
 
-static void graph_case(const Spec &s, uint64_t seed, int steps) {
+// folds: instead, two bf16 backends replaying graphs, the second folding the conv windows one
+// launch a layer (kd_cuda_set_fold_layers(0)); single-token steps of each slot first, their
+// logits compared bit for bit, then as above.
+static void graph_case(const Spec &s, uint64_t seed, int steps, bool folds = false) {
     RandModel m;
     build_model(m, s, seed);
     const int32_t NS = 8, TW = 4;
     kd_err err;
-    kd_backend *be[2] = {kd_cuda_backend_create(0, &err), kd_cuda_backend_create(0, &err)};
+    kd_backend *be[2] = {kd_cuda_backend_create(folds, &err), kd_cuda_backend_create(folds, &err)};
     bool ok = be[0] && be[1];
     for (int i = 0; i < 2 && ok; i++)
         ok = kd_backend_load(be[i], &m.c, &m.w, &err) == 0 &&
              kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
-             kd_cuda_set_graphs(be[i], i == 0) == 0;
-    if (!report(ok, "[graphs %s] two backends (graphs on / off)%s%s", s.name, ok ? "" : ": ", ok ? "" : err.msg)) {
+             kd_cuda_set_graphs(be[i], folds || i == 0) == 0 && kd_cuda_set_fold_layers(be[i], !folds || i == 0) == 0;
+    const char *tag = folds ? "conv folds" : "graphs";
+    const char *vs = folds ? "bf16, all layers in one launch / one a layer" : "graphs on / off";
+    if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
     }
@@ -846,9 +854,29 @@ static void graph_case(const Spec &s, uint64_t seed, int steps) {
         kd_batch b;
         b.n_rows = NS, b.rows = rows.data(), b.tokens = tok.data();
         for (int i = 0; i < 2; i++) ok = ok && kd_backend_forward(be[i], &b, nullptr, &err) == 0;
-        report(ok, "[graphs %s] prompts into %d slots%s%s", s.name, NS, ok ? "" : ": ", ok ? "" : err.msg);
+        report(ok, "[%s %s] prompts into %d slots%s%s", tag, s.name, NS, ok ? "" : ": ", ok ? "" : err.msg);
     }
     std::vector<int32_t> last(NS, 1), recorded(NS, 0);
+    if (folds) { /* single-token steps of each slot (the second folds its record): logits bit for bit */
+        for (int rep = 0; rep < 2 && ok; rep++) {
+            size_t differ = 0;
+            for (int32_t i = 0; i < NS && ok; i++) {
+                kd_batch_row row;
+                memset(&row, 0, sizeof row);
+                row.slot = i, row.kind = KD_ROW_VERIFY, row.logits = KD_LOGITS_ALL, row.n_tokens = 1;
+                row.fold = recorded[i];
+                const int32_t tk = r.uni(s.vocab);
+                kd_batch b;
+                b.n_rows = 1, b.rows = &row, b.tokens = &tk;
+                std::vector<float> lg[2] = {poisoned(s.vocab), poisoned(s.vocab)};
+                for (int j = 0; j < 2 && ok; j++) ok = kd_backend_forward(be[j], &b, lg[j].data(), &err) == 0;
+                if (ok) differ += memcmp(lg[0].data(), lg[1].data(), (size_t)s.vocab * 4) != 0;
+                recorded[i] = 1, last[i] = ok ? argmax(lg[1].data(), s.vocab) : 1;
+            }
+            report(ok && differ == 0, "[conv folds %s] single-token verify logits of %d slots (%s): %zu differ%s%s",
+                   s.name, NS, rep ? "each folding its record" : "no fold", differ, ok ? "" : ": ", ok ? "" : err.msg);
+        }
+    }
     int64_t rows_total = 0, diffs = 0, acc_total = 0;
     std::vector<int> sizes;
     for (int step = 0; step < steps && ok; step++) {
@@ -882,14 +910,14 @@ static void graph_case(const Spec &s, uint64_t seed, int steps) {
             ok = kd_backend_forward_sample(be[i], &b, params.data(), uni.data(), t[i].data(), a[i].data(), u[i].data(),
                                            &err) == 0;
         }
-        if (!report(ok, "[graphs %s] step %d (%d rows)%s%s", s.name, step, k, ok ? "" : ": ", ok ? "" : err.msg)) break;
+        if (!report(ok, "[%s %s] step %d (%d rows)%s%s", tag, s.name, step, k, ok ? "" : ": ", ok ? "" : err.msg)) break;
         for (int i = 0; i < k; i++) {
             bool same = a[0][i] == a[1][i] && u[0][i] == u[1][i];
             for (int q = 0; same && q <= a[1][i]; q++) same = t[0][(size_t)i * TW + q] == t[1][(size_t)i * TW + q];
             if (!same) {
                 diffs++;
                 if (diffs <= 3)
-                    note("[graphs %s] step %d row %d: graph a=%d tok %d, eager a=%d tok %d", s.name, step, i, a[0][i],
+                    note("[%s %s] step %d row %d: first a=%d tok %d, second a=%d tok %d", tag, s.name, step, i, a[0][i],
                          t[0][(size_t)i * TW + std::max(0, std::min(a[0][i], TW - 1))], a[1][i],
                          t[1][(size_t)i * TW + a[1][i]]);
             }
@@ -903,6 +931,14 @@ static void graph_case(const Spec &s, uint64_t seed, int steps) {
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);
     kd_cuda_graph_stats(be[1], &cap1, &rep1);
+    if (folds) {
+        report(ok && diffs == 0 && rows_total > 0,
+               "[conv folds %s] %d steps, %lld rows (1..8 per step): all layers in one launch == one a layer on every "
+               "row (differences %lld, drafts accepted %lld)",
+               s.name, steps, (long long)rows_total, (long long)diffs, (long long)acc_total);
+        kd_backend_free(be[0]), kd_backend_free(be[1]);
+        return;
+    }
     report(ok && diffs == 0 && cap >= 1 && rep > 0 && cap1 == 0 && rep1 == 0,
            "[graphs %s] %d steps, %lld rows (1..8 per step, padded to 1/2/4/8 rows of the longest window): graph replay == eager on every row "
            "(differences %lld, drafts accepted %lld); graphs captured %lld, replays %lld (eager backend: %lld)",
@@ -1304,6 +1340,8 @@ int main(int argc, char **argv) {
     sampling_case(163840, seed + 12, quick ? 1 : 3);
     graph_case(specs[0], seed + 21, quick ? 10 : 40);
     if (!quick) graph_case(specs[1], seed + 22, 30);
+    graph_case(specs[0], seed + 23, quick ? 10 : 30, true);
+    if (!quick) graph_case(specs[1], seed + 24, 30, true);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

@@ -137,20 +137,25 @@ __global__ void conv_silu_kernel(const float *proj, int64_t P, int64_t N, int64_
     }
 }
 
+// Layer l's windows and records at win + l * lwin, xrec + l * lxrec (L layers at once: the
+// folds of verify windows, whose inputs all come from the step before).
 __global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t ws,
-                                 const float *xrec, int Tw, const float *proj, int64_t P) {
+                                 const float *xrec, int Tw, const float *proj, int64_t P, int L, int64_t lwin,
+                                 int64_t lxrec) {
     kd_dep_start();
-    const int64_t Hw = W - 1;
-    GRID_LOOP(i, (int64_t)n_folds * C) {
-        const kd_cu_fold f = folds[i / C];
-        const int64_t c = i % C, n = f.n;
-        float *hw = win + (int64_t)f.slot * ws + c * Hw;
+    const int64_t Hw = W - 1, per = (int64_t)n_folds * C;
+    GRID_LOOP(i, per * L) {
+        const int64_t l = i / per, fi = i % per;
+        const kd_cu_fold f = folds[fi / C];
+        const int64_t c = fi % C, n = f.n;
+        float *hw = win + l * lwin + (int64_t)f.slot * ws + c * Hw;
+        const float *xr = xrec + l * lxrec;
         for (int64_t j = 0; j < Hw; j++) { // ascending: reads only ahead of what it writes
             const int64_t src = j + n - Hw; // input index when j + n >= Hw
             float val;
             if (j + n < Hw) val = hw[j + n];
             else if (f.start >= 0) val = proj[((int64_t)f.start + src) * P + c];
-            else val = xrec[((int64_t)f.slot * Tw + f.rec_off + src) * C + c];
+            else val = xr[((int64_t)f.slot * Tw + f.rec_off + src) * C + c];
             hw[j] = val;
         }
     }
@@ -297,7 +302,15 @@ cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int
                             const float *xrec, int Tw, const float *proj, int64_t P, cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
     return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C)), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
-                  win_stride, xrec, Tw, proj, P);
+                  win_stride, xrec, Tw, proj, P, 1, (int64_t)0, (int64_t)0);
+}
+
+cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, int64_t C, int W, float *win,
+                                   int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
+                                   cudaStream_t s) {
+    if (n_folds <= 0 || C <= 0 || W <= 1 || L <= 0) return cudaSuccess;
+    return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C * L)), dim3(kBlock), 0, s, folds, n_folds, C,
+                  W, win, win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, L, lwin, lxrec);
 }
 
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,

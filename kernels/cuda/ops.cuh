@@ -63,6 +63,13 @@ cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int
                             int64_t win_stride, const float *xrec, int Tw, const float *proj, int64_t P,
                             cudaStream_t s);
 
+// The same folds in L layers at once, layer l's windows at win + l * lwin and records at
+// xrec + l * lxrec: verify windows' folds only (start < 0; their inputs are the records of the
+// step before, so the backend folds every layer's windows in one launch before the first layer).
+cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, int64_t C, int W, float *win,
+                                   int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
+                                   cudaStream_t s);
+
 // The KDA recurrence of prefill rows, token by token, on the committed state in place:
 // S <- diag(decay) S; u = beta (v - S^T kn); S += kn u^T; o = S^T qn (KDA.md §2.6).
 // qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state

@@ -234,6 +234,10 @@ int kd_cuda_set_pdl(kd_backend *b, int on);
  * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
  * the captured graphs. Benchmarks. */
 int kd_cuda_set_skinny(kd_backend *b, int on);
+/* The verify windows' conv folds of every layer in one launch before the first layer (on by
+ * default), or one launch a layer (off): the same copies either way (cuda_test compares the
+ * two); drops the captured graphs. Benchmarks and tests. */
+int kd_cuda_set_fold_layers(kd_backend *b, int on);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
