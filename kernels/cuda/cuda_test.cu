@@ -910,7 +910,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, bool folds = fal
             ok = kd_backend_forward_sample(be[i], &b, params.data(), uni.data(), t[i].data(), a[i].data(), u[i].data(),
                                            &err) == 0;
         }
-        if (!report(ok, "[%s %s] step %d (%d rows)%s%s", tag, s.name, step, k, ok ? "" : ": ", ok ? "" : err.msg)) break;
+        if (!report(ok, "[%s %s] step %d (%d rows)%s%s", tag, s.name, step, k, ok ? "" : ": ", ok ? "" : err.msg))
+            break;
         for (int i = 0; i < k; i++) {
             bool same = a[0][i] == a[1][i] && u[0][i] == u[1][i];
             for (int q = 0; same && q <= a[1][i]; q++) same = t[0][(size_t)i * TW + q] == t[1][(size_t)i * TW + q];

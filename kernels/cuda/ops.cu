@@ -309,8 +309,8 @@ cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, 
                                    int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
                                    cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1 || L <= 0) return cudaSuccess;
-    return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C * L)), dim3(kBlock), 0, s, folds, n_folds, C,
-                  W, win, win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, L, lwin, lxrec);
+    return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C * L)), dim3(kBlock), 0, s, folds,
+                         n_folds, C, W, win, win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, L, lwin, lxrec);
 }
 
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,

@@ -290,8 +290,8 @@ int main(int argc, char **argv) {
                      first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], roof, frac);
             json += buf;
             first = false;
-            snprintf(buf, sizeof buf, "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n", Bn,
-                     s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], bytes / 1e9, roof, 100 * frac);
+            snprintf(buf, sizeof buf, "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n",
+                     Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], bytes / 1e9, roof, 100 * frac);
             md += buf;
         }
     json += "\n  ],\n  \"end_to_end\": [\n";
