@@ -135,6 +135,7 @@ struct cu_backend {
     int graphs;
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
+    unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
 };
@@ -759,6 +760,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
      * of the step before, which no layer of this step has touched yet (one launch instead of one
      * a layer: 1.896 -> 1.858 ms a step of the 48B preset at B = 1 on an H200) */
     const int fold_first = cb->fold_layers && nvf;
+    const unsigned sk = cb->skip;
     if (fold_first)
         KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
                                    cb->lxrec, b->max_window, s));
@@ -766,30 +768,35 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         const cu_layer *Ly = &cb->layers[l];
         float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
         // attention block
-        KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
-        if (gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P, "input projection", err)) return -1;
+        if (!(sk & KD_CUDA_SKIP_NORMS)) KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
+        if (!(sk & KD_CUDA_SKIP_IN_PROJ) &&
+            gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P, "input projection", err))
+            return -1;
         const void *fa;
         int64_t flda;
         if (bf) {
-            KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, s));
+            if (!(sk & KD_CUDA_SKIP_COPY_COLS)) KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, s));
             fa = cb->fg0, flda = 2 * V;
         } else {
             fa = cb->proj + 2 * QK + VD, flda = P;
         }
-        if (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err) ||
-            gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err))
+        if (!(sk & KD_CUDA_SKIP_FG_PROJ) &&
+            (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err) ||
+             gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err)))
             return -1;
         if (nvf && !fold_first)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W, xrec,
-                            b->max_window, cb->q, cb->k, cb->v, s));
+        if (!(sk & KD_CUDA_SKIP_CONV))
+            KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W,
+                                xrec, b->max_window, cb->q, cb->k, cb->v, s));
         if (npf)
             KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw,
-                           cb->proj + 2 * QK + VD + 2 * V, P,
-                           Ly->A_log, Ly->dt_bias, c->use_lower_bound, (float)c->lower_bound, c->allow_neg_eigval,
-                           cb->qn, cb->kn, cb->qk, cb->decay, cb->beta, s));
-        if (nv) {
+        if (!(sk & KD_CUDA_SKIP_PREPARE))
+            KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw,
+                               cb->proj + 2 * QK + VD + 2 * V, P, Ly->A_log, Ly->dt_bias, c->use_lower_bound,
+                               (float)c->lower_bound, c->allow_neg_eigval, cb->qn, cb->kn, cb->qk, cb->decay, cb->beta,
+                               s));
+        if (nv && !(sk & KD_CUDA_SKIP_VERIFY)) {
             kd_kda_args a = layer_args(cb, l);
             a.n_rows = nv, a.rows = d_vrows;
             KDA(kd_kda_verify(&a, kmode, max_len, s));
@@ -797,12 +804,16 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (np)
             KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
                               cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
-        KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
-                                c->norm_eps, s));
-        if (gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err)) return -1;
+        if (!(sk & KD_CUDA_SKIP_GATED_NORM))
+            KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
+                                    c->norm_eps, s));
+        if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
+            return -1;
         // MLP block
-        KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s));
-        if (bf && cb->skinny && kd_cu_skinny_pick(N, 2 * FF, D) == 5 &&
+        if (!(sk & KD_CUDA_SKIP_NORMS)) KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s));
+        if (sk & KD_CUDA_SKIP_MLP) {
+            /* benchmarks: left out (kd_cuda_set_skip) */
+        } else if (bf && cb->skinny && kd_cu_skinny_pick(N, 2 * FF, D) == 5 &&
             kd_cu_skinny_ok(N, 2 * FF, D, cb->h, D, Ly->w_gu, D, KD_SKINNY_MAX_M)) { /* gate|up and SwiGLU in one kernel */
             KDA(kd_cu_gemm_skinny_swiglu(N, FF, D, (const __nv_bfloat16 *)cb->h, D, (const __nv_bfloat16 *)Ly->w_gu, D,
                                          (__nv_bfloat16 *)cb->act, FF, s));
@@ -810,7 +821,9 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             if (gemm(cb, N, 2 * FF, D, cb->h, D, Ly->w_gu, D, 0.f, cb->gu, 2 * FF, "gate|up", err)) return -1;
             KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
         }
-        if (gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err)) return -1;
+        if (!(sk & KD_CUDA_SKIP_MLP) &&
+            gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err))
+            return -1;
     }
     // ---- logits: final norm of the requested positions, head GEMM in chunks; each chunk
     // either copied to the host or sampled where it is
@@ -818,8 +831,8 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         KDA(kd_cu_rmsnorm(bf, cb->sel, cb->x, d_lrows, M, D, cb->final_norm, c->norm_eps, s));
         for (int64_t m0 = 0; m0 < M; m0 += cb->lg_rows) {
             const int64_t mc = M - m0 < cb->lg_rows ? M - m0 : cb->lg_rows;
-            if (gemm(cb, mc, cb->vocab, D, act_at(cb, cb->sel, m0 * D), D, cb->head, D, 0.f, cb->lg, cb->vocab,
-                     "head", err))
+            if (!(sk & KD_CUDA_SKIP_HEAD) && gemm(cb, mc, cb->vocab, D, act_at(cb, cb->sel, m0 * D), D, cb->head, D,
+                                                   0.f, cb->lg, cb->vocab, "head", err))
                 return -1;
             if (sh.sample)
                 KDA(kd_cu_sample_positions(cb->lg, (int32_t)cb->vocab, m0, mc, d_spos, cb->sres, cb->sarg, s));
@@ -1093,6 +1106,13 @@ extern "C" int kd_cuda_set_fold_layers(kd_backend *b, int on) {
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->fold_layers = on ? 1 : 0;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_skip(kd_backend *b, unsigned kernels) {
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->skip = kernels;
     return 0;
 }
 

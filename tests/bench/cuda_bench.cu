@@ -41,6 +41,12 @@ extern "C" {
 #include "worker/mkmodel.h"
 }
 
+/* kd_cuda_set_skip's bits in order (KD_CUDA_SKIP_*), as the table names them */
+static const int kAblate = 11;
+static const char *const kAblateName[kAblate] = {"RMSNorms",   "input projection", "gates' bf16 copy",
+                                                 "f_proj.1 + g_proj.1", "conv", "KDA prepare", "KDA verify",
+                                                 "gated RMSNorm", "o_proj", "MLP", "head"};
+
 static double now() {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -218,6 +224,12 @@ int main(int argc, char **argv) {
                      "bytes/step GB | roofline ms | of roofline |\n"
                      "|---|---|---|---|---|---|---|---|---|---|---|\n";
     std::vector<int32_t> rec(129, 0);
+    std::string abl_md = "| B | s | step ms |";
+    for (int i = 0; i < kAblate; i++) abl_md += std::string(" ") + kAblateName[i] + " |";
+    abl_md += "\n|---|---|---|";
+    for (int i = 0; i < kAblate; i++) abl_md += "---|";
+    abl_md += "\n";
+    std::string abl_json;
     bool first = true;
     int fails = 0;
     int prof_b = -1, prof_s = -1;
@@ -237,11 +249,15 @@ int main(int argc, char **argv) {
              * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
              * layer (kd_cuda_set_fold_layers(0)) */
             double ms[5] = {0, 0, 0, 0, 0};
-            for (int v = 0; v < (prof_b >= 0 ? 1 : 5); v++) {
+            /* then graphs with each kind of kernel left out in turn (kd_cuda_set_skip: wrong results,
+             * timing only): abl[i] with bit i */
+            double abl[kAblate] = {0};
+            for (int v = 0; v < (prof_b >= 0 ? 1 : 5 + kAblate); v++) {
                 const int graphs = v != 1;
                 kd_cuda_set_pdl(be, v != 2);
                 kd_cuda_set_skinny(be, v != 3);
                 kd_cuda_set_fold_layers(be, v != 4);
+                kd_cuda_set_skip(be, v >= 5 ? 1u << (v - 5) : 0u);
                 kd_cuda_set_graphs(be, graphs);
                 const int warm = 3, n = prof_b >= 0 ? 2 : graphs ? 30 : 10;
                 double tstart = 0;
@@ -259,11 +275,14 @@ int main(int argc, char **argv) {
                     }
                     for (int r = 0; r < Bn; r++) rec[(size_t)r] = T; // every draft accepted: fold the window
                 }
-                ms[v == 0 ? 1 : v == 1 ? 0 : v] = (now() - tstart) / n * 1e3;
+                const double t = (now() - tstart) / n * 1e3;
+                if (v >= 5) abl[v - 5] = t;
+                else ms[v == 0 ? 1 : v == 1 ? 0 : v] = t;
             }
             kd_cuda_set_pdl(be, 1);
             kd_cuda_set_skinny(be, 1);
             kd_cuda_set_fold_layers(be, 1);
+            kd_cuda_set_skip(be, 0);
             if (prof_b >= 0) {
                 cudaDeviceSynchronize();
                 cudaProfilerStop();
@@ -293,8 +312,23 @@ int main(int argc, char **argv) {
             snprintf(buf, sizeof buf, "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n",
                      Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], bytes / 1e9, roof, 100 * frac);
             md += buf;
+            /* what each kind of kernel costs a step on its critical path: the step's time less the time
+             * with it left out */
+            snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[1]);
+            abl_md += buf;
+            for (int i = 0; i < kAblate; i++) {
+                snprintf(buf, sizeof buf, " %.3f |", ms[1] - abl[i]);
+                abl_md += buf;
+                snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"left_out\": \"%s\", \"step_ms\": %.4f}",
+                         abl_json.empty() ? "" : ",\n    ", Bn, s, kAblateName[i], abl[i]);
+                abl_json += buf;
+            }
+            abl_md += "\n";
+            printf("B=%3d s=%d left out (ms a step less):", Bn, s);
+            for (int i = 0; i < kAblate; i++)
+                printf(" %s %.3f%s", kAblateName[i], ms[1] - abl[i], i + 1 < kAblate ? "," : "\n");
         }
-    json += "\n  ],\n  \"end_to_end\": [\n";
+    json += "\n  ],\n  \"left_out\": [\n    " + abl_json + "\n  ],\n  \"end_to_end\": [\n";
     // free the slots for the engine: commit what the step runs left recorded
     for (int r = 0; r < 128; r++)
         if (kd_backend_reset_slot(be, r, &err)) return printf("reset: %s\n", err.msg), 1;
@@ -382,6 +416,10 @@ int main(int argc, char **argv) {
                    "cuBLAS, and the conv folds column folds the verify windows' conv windows one launch a layer "
                    "instead of all layers in one (kd_cuda_set_fold_layers), in the same run.\n\n%s\n",
                 md.c_str());
+        fprintf(f, "### Where a step's time goes\n\nEach kind of kernel left out of every layer in turn "
+                   "(kd_cuda_set_skip: the results are wrong, the timing is what that kernel costs the step on its "
+                   "critical path): the step's time (graphs) less the time without it, ms.\n\n%s\n",
+                abl_md.c_str());
         fprintf(f, "## End to end (engine, %d-token repetitive prompt, %d new tokens per request, greedy)\n\n%s\n"
                    "\"decode\" starts once every request has its first token (prefill done). Random weights: the n-gram "
                    "drafter is only accepted where the random model repeats its prompt; the oracle rows draft the "

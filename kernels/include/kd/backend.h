@@ -238,6 +238,24 @@ int kd_cuda_set_skinny(kd_backend *b, int on);
  * default), or one launch a layer (off): the same copies either way (cuda_test compares the
  * two); drops the captured graphs. Benchmarks and tests. */
 int kd_cuda_set_fold_layers(kd_backend *b, int on);
+/* Benchmarks only, to place a step's time without a timeline profiler: leaves the named
+ * kernels of every layer (or the head's product) out of the step, so its results are WRONG;
+ * the time a step loses is what those kernels cost on its critical path. 0 (the default)
+ * leaves nothing out; drops the captured graphs. */
+enum {
+    KD_CUDA_SKIP_NORMS = 1,       /* the attention and MLP RMSNorms */
+    KD_CUDA_SKIP_IN_PROJ = 2,     /* the input projection */
+    KD_CUDA_SKIP_COPY_COLS = 4,   /* the bf16 copy of the low-rank gates' inputs */
+    KD_CUDA_SKIP_FG_PROJ = 8,     /* f_proj.1 and g_proj.1 */
+    KD_CUDA_SKIP_CONV = 16,       /* the short conv + SiLU */
+    KD_CUDA_SKIP_PREPARE = 32,    /* the KDA prepare (norms, decay, beta) */
+    KD_CUDA_SKIP_VERIFY = 64,     /* the KDA verify */
+    KD_CUDA_SKIP_GATED_NORM = 128, /* the output's gated RMSNorm */
+    KD_CUDA_SKIP_O_PROJ = 256,    /* o_proj */
+    KD_CUDA_SKIP_MLP = 512,       /* gate|up (+ SwiGLU) and the down projection */
+    KD_CUDA_SKIP_HEAD = 1024      /* the head's product (sampling still runs) */
+};
+int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
