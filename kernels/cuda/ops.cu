@@ -64,33 +64,52 @@ __device__ double block_sum(double v) {
 
 // One block a row. Each thread issues its loads of a pass together (U elements in flight),
 // so a row of a few thousand costs one memory round trip a pass, not one per loop trip (at
-// M = 1 this kernel was ~9 us, 41 times a step of the 48B preset).
+// M = 1 this kernel was ~9 us, 41 times a step of the 48B preset). The block is sized so that
+// its first pass covers rows of up to 1024 kNormU (rmsnorm_threads): that pass's norm weights
+// are loaded before the programmatic wait (they are never written) and its inputs stay in
+// registers for the output, so at the 48B preset's D = 2304 the kernel waits on memory once
+// after the kernel before it, not three times (the weights came from DRAM after the sum).
+constexpr int kNormU = 8;
+inline unsigned rmsnorm_threads(int64_t D) {
+    const int64_t t = ((D + kNormU - 1) / kNormU + 31) / 32 * 32;
+    return (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
+}
 template <class Y>
 __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows, int64_t D,
                                const float *__restrict__ w, double eps) {
+    constexpr int U = kNormU;
+    const int64_t m = blockIdx.x, nt = blockDim.x, i0 = threadIdx.x;
+    float g0[U], v0[U]; /* the first pass's weights and inputs */
+#pragma unroll
+    for (int u = 0; u < U; u++) g0[u] = i0 + u * nt < D ? __ldg(w + i0 + u * nt) : 0.f;
     kd_dep_start();
-    constexpr int U = 8;
-    const int64_t m = blockIdx.x, nt = blockDim.x;
     const float *xr = x + (rows ? (int64_t)rows[m] : m) * D;
     double ss = 0;
-    for (int64_t i0 = threadIdx.x; i0 < D; i0 += U * nt) {
+#pragma unroll
+    for (int u = 0; u < U; u++) v0[u] = i0 + u * nt < D ? __ldg(xr + i0 + u * nt) : 0.f;
+#pragma unroll
+    for (int u = 0; u < U; u++) ss += (double)v0[u] * v0[u];
+    for (int64_t i1 = i0 + U * nt; i1 < D; i1 += U * nt) { /* longer rows: further passes */
         float v[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) v[u] = i0 + u * nt < D ? __ldg(xr + i0 + u * nt) : 0.f;
+        for (int u = 0; u < U; u++) v[u] = i1 + u * nt < D ? __ldg(xr + i1 + u * nt) : 0.f;
 #pragma unroll
         for (int u = 0; u < U; u++) ss += (double)v[u] * v[u];
     }
     ss = block_sum(ss);
     const float r = (float)(1.0 / sqrt(ss / (double)D + eps));
     Y *yr = y + m * D;
-    for (int64_t i0 = threadIdx.x; i0 < D; i0 += U * nt) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (i0 + u * nt < D) yr[i0 + u * nt] = from_f32<Y>(v0[u] * r * g0[u]);
+    for (int64_t i1 = i0 + U * nt; i1 < D; i1 += U * nt) {
         float v[U], g[U];
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (i0 + u * nt < D) v[u] = __ldg(xr + i0 + u * nt), g[u] = __ldg(w + i0 + u * nt);
+            if (i1 + u * nt < D) v[u] = __ldg(xr + i1 + u * nt), g[u] = __ldg(w + i1 + u * nt);
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (i0 + u * nt < D) yr[i0 + u * nt] = from_f32<Y>(v[u] * r * g[u]);
+            if (i1 + u * nt < D) yr[i1 + u * nt] = from_f32<Y>(v[u] * r * g[u]);
     }
 }
 
@@ -114,18 +133,20 @@ __global__ void conv_silu_kernel(const float *__restrict__ proj, int64_t P, int6
                                  const kd_cu_tok *__restrict__ toks, const float *__restrict__ win, int64_t ws,
                                  const float *__restrict__ w, int W, float *__restrict__ xrec, int Tw,
                                  float *__restrict__ q, float *__restrict__ k, float *__restrict__ v) {
-    kd_dep_start();
     constexpr int G = kConvTokens, WM = 4; /* tokens a group; the widest conv in registers */
     const int64_t C = 2 * QK + VD, Hw = W - 1;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool grouped = !w || W <= WM, wr = w && grouped && c < C;
+    /* the channel's weights before the programmatic wait (they are never written) */
+    float wc[WM - 1]; /* the history's taps; wl the current input's */
+#pragma unroll
+    for (int j = 0; j < WM - 1; j++) wc[j] = wr && j < Hw ? w[c * W + j] : 0.f;
+    const float wl = wr ? w[c * W + Hw] : 0.f;
+    kd_dep_start();
     if (c >= C) return;
     float *const dst = c < QK ? q + c : c < 2 * QK ? k + (c - QK) : v + (c - 2 * QK);
     const int64_t dld = c < 2 * QK ? QK : VD;
-    if (!w || W <= WM) {
-        float wc[WM - 1]; /* the history's taps; wl the current input's */
-#pragma unroll
-        for (int j = 0; j < WM - 1; j++) wc[j] = w && j < Hw ? w[c * W + j] : 0.f;
-        const float wl = w ? w[c * W + Hw] : 0.f;
+    if (grouped) {
         for (int64_t t0 = (int64_t)blockIdx.y * G; t0 < N; t0 += (int64_t)gridDim.y * G) {
             const int ng = N - t0 < G ? (int)(N - t0) : G;
             float xt[G], xv[G][WM - 1];
@@ -264,22 +285,35 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
                                      int64_t NH, int HV, int V, double eps) {
-    kd_dep_start();
     const int64_t th = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (th >= NH) return;
     const int h = (int)(th % HV);
-    const float *ot = o + th * V, *gt = gate + th * V, *bt = bias + (int64_t)h * V;
-    // loads first (up to U per lane in flight), as in rmsnorm_kernel
+    const float *bt = bias + (int64_t)h * V;
+    // loads first (up to U per lane in flight), as in rmsnorm_kernel; the first pass's bias and
+    // norm weights before the programmatic wait (they are never written)
     constexpr int U = 8;
+    float b0[U], w0[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int i = lane + 32 * u;
+        b0[u] = th < NH && i < V ? __ldg(bt + i) : 0.f, w0[u] = th < NH && i < V ? __ldg(w + i) : 0.f;
+    }
+    kd_dep_start();
+    if (th >= NH) return;
+    const float *ot = o + th * V, *gt = gate + th * V;
     double ss = 0;
     for (int i0 = lane; i0 < V; i0 += 32 * U) {
         float v[U], g[U], b[U], ww[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + 32 * u;
-            if (i < V) v[u] = __ldg(ot + i), g[u] = __ldg(gt + i), b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
-            else v[u] = 0.f;
+            if (i < V) {
+                v[u] = __ldg(ot + i), g[u] = __ldg(gt + i);
+                if (i0 == lane) b[u] = b0[u], ww[u] = w0[u];
+                else b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
+            } else {
+                v[u] = 0.f;
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) ss += (double)v[u] * v[u];
@@ -329,8 +363,11 @@ cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *
                           const float *w, double eps, cudaStream_t s) {
     if (M <= 0) return cudaSuccess;
     if (M > 0x7fffffff) return cudaErrorInvalidValue;
-    if (out_bf16) return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)M), dim3(kBlock), 0, s, (__nv_bfloat16 *)y, x, rows, D, w, eps);
-    return kd_launch_dep(rmsnorm_kernel<float>, dim3((unsigned)M), dim3(kBlock), 0, s, (float *)y, x, rows, D, w, eps);
+    const dim3 block(rmsnorm_threads(D));
+    if (out_bf16)
+        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)M), block, 0, s, (__nv_bfloat16 *)y, x, rows,
+                             D, w, eps);
+    return kd_launch_dep(rmsnorm_kernel<float>, dim3((unsigned)M), block, 0, s, (float *)y, x, rows, D, w, eps);
 }
 
 cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld, int64_t off,
