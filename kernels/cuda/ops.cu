@@ -133,20 +133,18 @@ __global__ void conv_silu_kernel(const float *__restrict__ proj, int64_t P, int6
                                  const kd_cu_tok *__restrict__ toks, const float *__restrict__ win, int64_t ws,
                                  const float *__restrict__ w, int W, float *__restrict__ xrec, int Tw,
                                  float *__restrict__ q, float *__restrict__ k, float *__restrict__ v) {
+    kd_dep_start();
     constexpr int G = kConvTokens, WM = 4; /* tokens a group; the widest conv in registers */
     const int64_t C = 2 * QK + VD, Hw = W - 1;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool grouped = !w || W <= WM, wr = w && grouped && c < C;
-    /* the channel's weights before the programmatic wait (they are never written) */
-    float wc[WM - 1]; /* the history's taps; wl the current input's */
-#pragma unroll
-    for (int j = 0; j < WM - 1; j++) wc[j] = wr && j < Hw ? w[c * W + j] : 0.f;
-    const float wl = wr ? w[c * W + Hw] : 0.f;
-    kd_dep_start();
     if (c >= C) return;
     float *const dst = c < QK ? q + c : c < 2 * QK ? k + (c - QK) : v + (c - 2 * QK);
     const int64_t dld = c < 2 * QK ? QK : VD;
-    if (grouped) {
+    if (!w || W <= WM) {
+        float wc[WM - 1]; /* the history's taps; wl the current input's */
+#pragma unroll
+        for (int j = 0; j < WM - 1; j++) wc[j] = w && j < Hw ? w[c * W + j] : 0.f;
+        const float wl = w ? w[c * W + Hw] : 0.f;
         for (int64_t t0 = (int64_t)blockIdx.y * G; t0 < N; t0 += (int64_t)gridDim.y * G) {
             const int ng = N - t0 < G ? (int)(N - t0) : G;
             float xt[G], xv[G][WM - 1];
@@ -285,35 +283,22 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
                                      int64_t NH, int HV, int V, double eps) {
+    kd_dep_start();
     const int64_t th = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int h = (int)(th % HV);
-    const float *bt = bias + (int64_t)h * V;
-    // loads first (up to U per lane in flight), as in rmsnorm_kernel; the first pass's bias and
-    // norm weights before the programmatic wait (they are never written)
-    constexpr int U = 8;
-    float b0[U], w0[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int i = lane + 32 * u;
-        b0[u] = th < NH && i < V ? __ldg(bt + i) : 0.f, w0[u] = th < NH && i < V ? __ldg(w + i) : 0.f;
-    }
-    kd_dep_start();
     if (th >= NH) return;
-    const float *ot = o + th * V, *gt = gate + th * V;
+    const int h = (int)(th % HV);
+    const float *ot = o + th * V, *gt = gate + th * V, *bt = bias + (int64_t)h * V;
+    // loads first (up to U per lane in flight), as in rmsnorm_kernel
+    constexpr int U = 8;
     double ss = 0;
     for (int i0 = lane; i0 < V; i0 += 32 * U) {
         float v[U], g[U], b[U], ww[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + 32 * u;
-            if (i < V) {
-                v[u] = __ldg(ot + i), g[u] = __ldg(gt + i);
-                if (i0 == lane) b[u] = b0[u], ww[u] = w0[u];
-                else b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
-            } else {
-                v[u] = 0.f;
-            }
+            if (i < V) v[u] = __ldg(ot + i), g[u] = __ldg(gt + i), b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
+            else v[u] = 0.f;
         }
 #pragma unroll
         for (int u = 0; u < U; u++) ss += (double)v[u] * v[u];
