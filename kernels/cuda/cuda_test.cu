@@ -1328,6 +1328,8 @@ int main(int argc, char **argv) {
         {"E:W1-HV3-V48", 48, 2, 1, 3, 64, 48, 1, 1, 64, 120, 0, 0, 1, 0, 1},
         /* value heads wider than 256: the gated norm's loop past one round of loads per lane */
         {"F:HV2-K32-V320", 64, 1, 1, 2, 32, 320, 4, 1, 64, 97, 0, 0, 0, 0, 0},
+        /* a model width past the RMSNorm's first pass (1024 threads of 8 channels): its later passes */
+        {"G:D8224", 8224, 1, 1, 1, 32, 32, 4, 1, 64, 97, 0, 0, 0, 0, 0},
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     skinny_checks(seed + 41, quick);

@@ -128,13 +128,13 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
 // before the first product (one token a thread at a time, each load waiting on the last, the
 // kernel ran at a quarter of the memory bandwidth with 128 tokens: cuda_bench's left-out
 // table). The same arithmetic, in the same order, for every token.
-constexpr int kConvTokens = 4;
+constexpr int kConvTokens = 4, kConvWidthMax = 4; /* tokens a group; the widest conv taken this way */
 __global__ void conv_silu_kernel(const float *__restrict__ proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
                                  const kd_cu_tok *__restrict__ toks, const float *__restrict__ win, int64_t ws,
                                  const float *__restrict__ w, int W, float *__restrict__ xrec, int Tw,
                                  float *__restrict__ q, float *__restrict__ k, float *__restrict__ v) {
     kd_dep_start();
-    constexpr int G = kConvTokens, WM = 4; /* tokens a group; the widest conv in registers */
+    constexpr int G = kConvTokens, WM = kConvWidthMax;
     const int64_t C = 2 * QK + VD, Hw = W - 1;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -369,7 +369,7 @@ cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK,
                             float *q, float *k, float *v, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (w && W < 1) return cudaErrorInvalidValue;
-    const int64_t groups = !w || W <= 4 ? (N + kConvTokens - 1) / kConvTokens : N; /* conv_silu_kernel */
+    const int64_t groups = !w || W <= kConvWidthMax ? (N + kConvTokens - 1) / kConvTokens : N; /* conv_silu_kernel */
     return kd_launch_dep(conv_silu_kernel, grid_2d(2 * QK + VD, groups), dim3(kBlock), 0, s, proj, P, N, QK, VD, toks,
                          win, win_stride, w, W, xrec, Tw, q, k, v);
 }
