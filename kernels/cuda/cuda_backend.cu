@@ -52,6 +52,7 @@
 #include "kd/backend.h"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kda.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sample.cuh"
 
@@ -135,7 +136,14 @@ struct cu_backend {
     int graphs;
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
+    int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
+    // L2 prefetch of each layer's o_proj and leading gate|up weights on a second stream
+    // (kd_cuda_set_prefetch): at most pf_bytes a layer, in forwards of at most pf_rows rows
+    cudaStream_t side;
+    cudaEvent_t ev_fork, ev_join;
+    int64_t pf_bytes, l2_bytes;
+    int pf_rows, pf_mode;
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
 };
@@ -234,6 +242,9 @@ void cu_destroy(kd_backend *b) {
     free_all(cb);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->blas_ws) cudaFree(cb->blas_ws);
+    if (cb->ev_fork) cudaEventDestroy(cb->ev_fork);
+    if (cb->ev_join) cudaEventDestroy(cb->ev_join);
+    if (cb->side) cudaStreamDestroy(cb->side);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     (void)cudaGetLastError();
     free(cb);
@@ -617,6 +628,28 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
     return 0;
 }
 
+// Two products of the same M and K with beta 0 (f_proj.1 and g_proj.1): one launch where the
+// skinny kernel takes both in the same form (kd_cu_gemm_skinny_pair), else one after the other.
+int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0, const void *W0, int64_t ldw0,
+              int64_t N0, float *C0, int64_t ldc0, const void *A1, int64_t lda1, const void *W1, int64_t ldw1,
+              int64_t N1, float *C1, int64_t ldc1, const char *what, kd_err *err) {
+    if (M <= 0) return 0;
+    const int form = cb->bf16 && cb->skinny && cb->pair ? kd_cu_skinny_pick(M, N0, K) : 0;
+    if (form && form <= 8 && form == kd_cu_skinny_pick(M, N1, K) &&
+        kd_cu_skinny_ok(M, N0, K, A0, lda0, W0, ldw0, KD_SKINNY_MAX_M) &&
+        kd_cu_skinny_ok(M, N1, K, A1, lda1, W1, ldw1, KD_SKINNY_MAX_M)) {
+        const kd_skinny_job j0 = {(const __nv_bfloat16 *)A0, lda0, (const __nv_bfloat16 *)W0, ldw0, C0, ldc0, N0};
+        const kd_skinny_job j1 = {(const __nv_bfloat16 *)A1, lda1, (const __nv_bfloat16 *)W1, ldw1, C1, ldc1, N1};
+        const cudaError_t e = kd_cu_gemm_skinny_pair(form, M, K, &j0, &j1, 0.f, cb->stream);
+        if (e != cudaSuccess)
+            return kd_fail(err, "cuda backend: skinny GEMM pair %s (M %lld N %lld + %lld K %lld): %s", what,
+                           (long long)M, (long long)N0, (long long)N1, (long long)K, cudaGetErrorString(e));
+        return 0;
+    }
+    return gemm(cb, M, N0, K, A0, lda0, W0, ldw0, 0.f, C0, ldc0, what, err) ||
+           gemm(cb, M, N1, K, A1, lda1, W1, ldw1, 0.f, C1, ldc1, what, err);
+}
+
 // Offset of an activation-type pointer by n elements.
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
 
@@ -761,6 +794,8 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
      * a layer: 1.896 -> 1.858 ms a step of the 48B preset at B = 1 on an H200) */
     const int fold_first = cb->fold_layers && nvf;
     const unsigned sk = cb->skip;
+    /* few rows: their states' traffic leaves the prefetched weights in the L2 until read */
+    const bool prefetch = cb->pf_bytes > 0 && nv + np <= cb->pf_rows;
     if (fold_first)
         KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
                                    cb->lxrec, b->max_window, s));
@@ -772,6 +807,16 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (!(sk & KD_CUDA_SKIP_IN_PROJ) &&
             gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P, "input projection", err))
             return -1;
+        if (prefetch) { /* o_proj's weights, then gate|up's first rows, into the L2 while the
+                         * layer's small kernels leave the memory idle (a hint: no result depends on it) */
+            const int64_t ob = D * VD * (int64_t)cb->wsz, gb = 2 * FF * D * (int64_t)cb->wsz;
+            const int64_t a = (ob < cb->pf_bytes ? ob : cb->pf_bytes) & ~(int64_t)15;
+            const int64_t r = (gb < cb->pf_bytes - a ? gb : cb->pf_bytes - a) & ~(int64_t)15;
+            CU(cudaEventRecord(cb->ev_fork, s));
+            CU(cudaStreamWaitEvent(cb->side, cb->ev_fork, 0));
+            KDA(kd_cu_l2_prefetch(Ly->w_o, a, cb->pf_mode, cb->side));
+            KDA(kd_cu_l2_prefetch(Ly->w_gu, r, cb->pf_mode, cb->side));
+        }
         const void *fa;
         int64_t flda;
         if (bf) {
@@ -781,8 +826,8 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             fa = cb->proj + 2 * QK + VD, flda = P;
         }
         if (!(sk & KD_CUDA_SKIP_FG_PROJ) &&
-            (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err) ||
-             gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err)))
+            gemm_pair(cb, N, V, fa, flda, Ly->f1, V, HV * K, cb->graw, HV * K, act_at(cb, (void *)fa, V), flda, Ly->g1,
+                      V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err))
             return -1;
         if (nvf && !fold_first)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
@@ -845,6 +890,10 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         KDA(kd_cu_sample_finish(d_srows, sh.n_rows, d_spos, cb->sres, b->max_window, cb->sout, s));
         CU(cudaMemcpyAsync(cb->sout_h, cb->sout, (size_t)sh.n_rows * (b->max_window + 2) * 4, cudaMemcpyDeviceToHost,
                            s));
+    }
+    if (prefetch) { /* the side stream joins the step's stream (a capture ends with both joined) */
+        CU(cudaEventRecord(cb->ev_join, cb->side));
+        CU(cudaStreamWaitEvent(s, cb->ev_join, 0));
     }
     return 0;
 }
@@ -1039,18 +1088,26 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
     cb->skinny = 1;
     cb->fold_layers = 1;
+    cb->pair = 1;
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(cb->dev);
     if (e != cudaSuccess) what = "cudaSetDevice";
     if (!what && (e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess)
         what = "cudaStreamCreateWithFlags";
+    if (!what && (e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess)
+        what = "cudaStreamCreateWithFlags (prefetch)";
+    if (!what && ((e = cudaEventCreateWithFlags(&cb->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
+                  (e = cudaEventCreateWithFlags(&cb->ev_join, cudaEventDisableTiming)) != cudaSuccess))
+        what = "cudaEventCreateWithFlags";
+    int l2 = 0;
+    if (!what && (e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->dev)) != cudaSuccess)
+        what = "cudaDeviceGetAttribute (L2 size)";
+    cb->l2_bytes = l2;
+    cb->pf_bytes = cb->l2_bytes / 2, cb->pf_rows = 2, cb->pf_mode = 2;
     if (!what && (e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess) what = "cudaMalloc (cuBLAS workspace)";
     if (what) {
         kd_fail(err, "cuda backend: %s: %s", what, cudaGetErrorString(e));
-        if (cb->blas_ws) cudaFree(cb->blas_ws);
-        if (cb->stream) cudaStreamDestroy(cb->stream);
-        (void)cudaGetLastError();
-        free(cb);
+        cu_destroy(&cb->base);
         return NULL;
     }
     cublasStatus_t st = cublasCreate(&cb->blas);
@@ -1095,6 +1152,13 @@ extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
     return 0;
 }
 
+extern "C" int kd_cuda_set_pair(kd_backend *b, int on) {
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->pair = on ? 1 : 0;
+    return 0;
+}
+
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) {
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
@@ -1113,6 +1177,14 @@ extern "C" int kd_cuda_set_skip(kd_backend *b, unsigned kernels) {
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->skip = kernels;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode) {
+    if (mode < 1 || mode > 3) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->pf_bytes = bytes < 0 ? cb->l2_bytes / 2 : bytes, cb->pf_rows = max_rows, cb->pf_mode = mode;
     return 0;
 }
 

@@ -1,8 +1,9 @@
 // cuda_test.cu: the CUDA backend against the CPU reference backend and the oracle. Needs a
 // GPU (run by tests/cuda/run_device.sh on the device machine, not a bazel test):
-//   cuda_test ORACLE_DIR [quick]
+//   cuda_test ORACLE_DIR [quick | skinny]
 // ORACLE_DIR holds tiny/ and small/ (model/ and vectors.safetensors), like ../shared/oracle.
-// `quick`: the random models only, fewer steps (for compute-sanitizer).
+// `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the skinny
+// GEMM's checks (f) alone, as in quick (for racecheck, too slow for the quick mode's models).
 // Exit: 0 all passed ("ALL CUDA CHECKS PASSED"), 1 a check failed, 2 no CUDA device or bad usage.
 //
 // (a) Random models in memory (several shapes: grouped value heads with V = 2K, K = V = 128,
@@ -32,7 +33,10 @@
 //     with SwiGLU in its epilogue (kd_cu_gemm_skinny_swiglu).
 // (g) The verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers) against
 //     one launch a layer: bf16 backends replaying graphs, single-token logits bit for bit, then
-//     decode steps with every token and acceptance equal.
+//     decode steps with every token and acceptance equal. The same for the L2 prefetch of
+//     weights (kd_cuda_set_prefetch, each mode) in every forward against none, and for
+//     f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) against two. The skinny kernel's
+//     pairs (kd_cu_gemm_skinny_pair), every form that pairs, against float64 references.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -819,22 +823,38 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 
 // ------------------------------------------------------------------------ CUDA graphs
 
-// folds: instead, two bf16 backends replaying graphs, the second folding the conv windows one
-// launch a layer (kd_cuda_set_fold_layers(0)); single-token steps of each slot first, their
-// logits compared bit for bit, then as above.
-static void graph_case(const Spec &s, uint64_t seed, int steps, bool folds = false) {
+// variant 1 (folds) instead: two bf16 backends replaying graphs, the second folding the conv
+// windows one launch a layer (kd_cuda_set_fold_layers(0)); single-token steps of each slot
+// first, their logits compared bit for bit, then as above. Variants 2-4: the same with the
+// first prefetching weights into the L2 (kd_cuda_set_prefetch mode 1-3) in every forward, the
+// second never. Variant 5: the same with f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair)
+// on the first only.
+static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
     const int32_t NS = 8, TW = 4;
+    const bool folds = variant >= 1; /* two bf16 backends with graphs, logits compared first */
     kd_err err;
     kd_backend *be[2] = {kd_cuda_backend_create(folds, &err), kd_cuda_backend_create(folds, &err)};
     bool ok = be[0] && be[1];
     for (int i = 0; i < 2 && ok; i++)
         ok = kd_backend_load(be[i], &m.c, &m.w, &err) == 0 &&
              kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
-             kd_cuda_set_graphs(be[i], folds || i == 0) == 0 && kd_cuda_set_fold_layers(be[i], !folds || i == 0) == 0;
-    const char *tag = folds ? "conv folds" : "graphs";
-    const char *vs = folds ? "bf16, all layers in one launch / one a layer" : "graphs on / off";
+             kd_cuda_set_graphs(be[i], folds || i == 0) == 0 &&
+             kd_cuda_set_fold_layers(be[i], variant != 1 || i == 0) == 0 &&
+             (variant < 2 || variant > 4 ||
+              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0, variant - 1) == 0) &&
+             (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0);
+    char tag[64], vs[96];
+    if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
+    else snprintf(tag, sizeof tag, "%s", variant == 0   ? "graphs"
+                                            : variant == 1 ? "conv folds"
+                                                           : "f/g product pair");
+    snprintf(vs, sizeof vs, "%s",
+             variant == 0   ? "graphs on / off"
+             : variant == 1 ? "bf16, all layers in one launch / one a layer"
+             : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
+                            : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
@@ -873,7 +893,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, bool folds = fal
                 if (ok) differ += memcmp(lg[0].data(), lg[1].data(), (size_t)s.vocab * 4) != 0;
                 recorded[i] = 1, last[i] = ok ? argmax(lg[1].data(), s.vocab) : 1;
             }
-            report(ok && differ == 0, "[conv folds %s] single-token verify logits of %d slots (%s): %zu differ%s%s",
+            report(ok && differ == 0, "[%s %s] single-token verify logits of %d slots (%s): %zu differ%s%s", tag,
                    s.name, NS, rep ? "each folding its record" : "no fold", differ, ok ? "" : ": ", ok ? "" : err.msg);
         }
     }
@@ -934,9 +954,9 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, bool folds = fal
     kd_cuda_graph_stats(be[1], &cap1, &rep1);
     if (folds) {
         report(ok && diffs == 0 && rows_total > 0,
-               "[conv folds %s] %d steps, %lld rows (1..8 per step): all layers in one launch == one a layer on every "
-               "row (differences %lld, drafts accepted %lld)",
-               s.name, steps, (long long)rows_total, (long long)diffs, (long long)acc_total);
+               "[%s %s] %d steps, %lld rows (1..8 per step): %s, the same on every row (differences %lld, drafts "
+               "accepted %lld)",
+               tag, s.name, steps, (long long)rows_total, vs, (long long)diffs, (long long)acc_total);
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
     }
@@ -1167,53 +1187,100 @@ static bool to_dev(void **d, const std::vector<T> &h) {
 // within 1e-5 of the sum of its terms' magnitudes (fp32 accumulation of exact products),
 // beta 0 over a NaN-poisoned C and beta 1 over a random one, leading dimensions wider than
 // K and N, N not a multiple of 16; products it must refuse are refused.
+// One product of the skinny kernel's checks: random bf16 A and W, C poisoned (beta 0) or
+// random (beta 1), a float64 reference; check() compares the device's C and that the padding
+// between its rows was not written.
+struct SkinnyProb {
+    int M, N, K;
+    int64_t lda, ldw, ldc;
+    float beta;
+    std::vector<uint16_t> a, w;
+    std::vector<float> c0, c;
+    std::vector<double> ref, mag;
+    void *da = NULL, *dw = NULL, *dc = NULL;
+    SkinnyProb(int M_, int N_, int K_, int pad, float beta_, Rng &r)
+        : M(M_), N(N_), K(K_), lda(K_ + pad), ldw(K_ + 8 * (pad > 0)), ldc(N_ + pad), beta(beta_) {
+        a.resize((size_t)M * lda), w.resize((size_t)N * ldw), c0.resize((size_t)M * ldc);
+        for (auto &x : a) x = to_bf16_bits((float)r.normal());
+        for (auto &x : w) x = to_bf16_bits((float)(0.05 * r.normal()));
+        for (auto &x : c0) x = beta != 0.f ? (float)r.normal() : NAN;
+        ref.resize((size_t)M * N), mag.resize((size_t)M * N);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double sum = 0, sa = 0;
+                for (int k = 0; k < K; k++) {
+                    const double t = from_bf16_bits(a[(size_t)m * lda + k]) * from_bf16_bits(w[(size_t)n * ldw + k]);
+                    sum += t, sa += fabs(t);
+                }
+                const double cc = beta != 0.f ? (double)beta * c0[(size_t)m * ldc + n] : 0.0;
+                ref[(size_t)m * N + n] = sum + cc, mag[(size_t)m * N + n] = sa + fabs(cc);
+            }
+    }
+    ~SkinnyProb() { cudaFree(da), cudaFree(dw), cudaFree(dc); }
+    bool upload() { return to_dev(&da, a) && to_dev(&dw, w) && to_dev(&dc, c0); }
+    kd_skinny_job job() const {
+        return kd_skinny_job{(const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw, (float *)dc, ldc, N};
+    }
+    bool fetch() {
+        c.resize(c0.size());
+        return cudaMemcpy(c.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    }
+    /* max error of the terms' magnitude; bad: over 1e-5; pad_touched: padding written */
+    void check(double &worst, size_t &bad, size_t &pad_touched) const {
+        worst = 0, bad = 0, pad_touched = 0;
+        for (int m = 0; m < M; m++) {
+            for (int n = 0; n < N; n++) {
+                const size_t i = (size_t)m * N + n;
+                const double d = fabs((double)c[(size_t)m * ldc + n] - ref[i]) / (mag[i] + 1e-30);
+                if (!(d <= 1e-5)) bad++;
+                if (d > worst || d != d) worst = d;
+            }
+            for (int64_t n = N; n < ldc; n++) /* the padding between rows of C is not written */
+                if (memcmp(&c[(size_t)m * ldc + n], &c0[(size_t)m * ldc + n], 4)) pad_touched++;
+        }
+    }
+};
+
 static void skinny_case(int form, int M, int N, int K, int pad, float beta, uint64_t seed) {
     Rng r(seed);
-    const int64_t lda = K + pad, ldw = K + 8 * (pad > 0), ldc = N + pad;
-    std::vector<uint16_t> a((size_t)M * lda), w((size_t)N * ldw);
-    for (auto &x : a) x = to_bf16_bits((float)r.normal());
-    for (auto &x : w) x = to_bf16_bits((float)(0.05 * r.normal()));
-    std::vector<float> c0((size_t)M * ldc);
-    for (auto &x : c0) x = beta != 0.f ? (float)r.normal() : NAN;
-    std::vector<double> ref((size_t)M * N), mag((size_t)M * N);
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double sum = 0, sa = 0;
-            for (int k = 0; k < K; k++) {
-                const double t = from_bf16_bits(a[(size_t)m * lda + k]) * from_bf16_bits(w[(size_t)n * ldw + k]);
-                sum += t, sa += fabs(t);
-            }
-            const double cc = beta != 0.f ? (double)beta * c0[(size_t)m * ldc + n] : 0.0;
-            ref[(size_t)m * N + n] = sum + cc, mag[(size_t)m * N + n] = sa + fabs(cc);
-        }
-    void *da = NULL, *dw = NULL, *dc = NULL;
-    bool ok = to_dev(&da, a) && to_dev(&dw, w) && to_dev(&dc, c0);
+    SkinnyProb p(M, N, K, pad, beta, r);
+    bool ok = p.upload();
     cudaError_t e = cudaErrorUnknown;
-    std::vector<float> c(c0.size());
     if (ok) {
-        e = kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw,
-                                   beta, (float *)dc, ldc, 0);
-        ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
-             cudaMemcpy(c.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+        e = kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)p.da, p.lda, (const __nv_bfloat16 *)p.dw,
+                                   p.ldw, beta, (float *)p.dc, p.ldc, 0);
+        ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && p.fetch();
     }
     double worst = 0;
     size_t bad = 0, pad_touched = 0;
-    for (int m = 0; ok && m < M; m++) {
-        for (int n = 0; n < N; n++) {
-            const size_t i = (size_t)m * N + n;
-            const double d = fabs((double)c[(size_t)m * ldc + n] - ref[i]) / (mag[i] + 1e-30);
-            if (!(d <= 1e-5)) bad++;
-            if (d > worst || d != d) worst = d;
-        }
-        for (int64_t n = N; n < ldc; n++) /* the padding between rows of C is not written */
-            if (memcmp(&c[(size_t)m * ldc + n], &c0[(size_t)m * ldc + n], 4)) pad_touched++;
-    }
+    if (ok) p.check(worst, bad, pad_touched);
     report(ok && bad == 0 && pad_touched == 0,
            "[skinny GEMM form %d M=%d N=%d K=%d lda=%lld ldw=%lld ldc=%lld beta=%g] %s: max error %.2e of the "
            "terms' magnitude (%zu over 1e-5), %zu padding elements touched",
-           form, M, N, K, (long long)lda, (long long)ldw, (long long)ldc, beta, ok ? "ran" : cudaGetErrorString(e),
-           worst, bad, pad_touched);
-    cudaFree(da), cudaFree(dw), cudaFree(dc);
+           form, M, N, K, (long long)p.lda, (long long)p.ldw, (long long)p.ldc, beta,
+           ok ? "ran" : cudaGetErrorString(e), worst, bad, pad_touched);
+    (void)cudaGetLastError();
+}
+
+// kd_cu_gemm_skinny_pair: two products of different N (and padding) in one launch, each
+// against its own float64 reference.
+static void skinny_pair_case(int form, int M, int N0, int N1, int K, float beta, uint64_t seed) {
+    Rng r(seed);
+    SkinnyProb p0(M, N0, K, 8, beta, r), p1(M, N1, K, 0, beta, r);
+    bool ok = p0.upload() && p1.upload();
+    cudaError_t e = cudaErrorUnknown;
+    if (ok) {
+        const kd_skinny_job j0 = p0.job(), j1 = p1.job();
+        e = kd_cu_gemm_skinny_pair(form, M, K, &j0, &j1, beta, 0);
+        ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && p0.fetch() && p1.fetch();
+    }
+    double w0 = 0, w1 = 0;
+    size_t b0 = 0, b1 = 0, t0 = 0, t1 = 0;
+    if (ok) p0.check(w0, b0, t0), p1.check(w1, b1, t1);
+    report(ok && b0 + b1 == 0 && t0 + t1 == 0,
+           "[skinny GEMM pair form %d M=%d N=%d + %d K=%d beta=%g] %s: max error %.2e / %.2e of the terms' magnitude "
+           "(%zu / %zu over 1e-5), %zu padding elements touched",
+           form, M, N0, N1, K, beta, ok ? "ran" : cudaGetErrorString(e), w0, w1, b0, b1, t0 + t1);
     (void)cudaGetLastError();
 }
 
@@ -1279,6 +1346,24 @@ static void skinny_checks(uint64_t seed, bool quick) {
             if (form < 5 || full[i].M <= 4)
                 skinny_case(form, full[i].M, full[i].N, full[i].K, full[i].pad, full[i].beta, seed + i);
     }
+    /* pairs: every form that pairs, f_proj.1 / g_proj.1's shape of the 48B preset and odd ones */
+    const int pr[][4] = {{1, 4096, 4096, 128}, {3, 4096, 4096, 128}, {8, 4096, 4096, 128}, {1, 37, 300, 256},
+                         {4, 1001, 17, 96}, {13, 100, 33, 512}};
+    for (size_t i = 0; i < sizeof pr / sizeof pr[0]; i++)
+        for (int form = 0; form <= 8; form++)
+            if ((form < 5 || pr[i][0] <= 4) && (!quick || i % 2 == 0))
+                skinny_pair_case(form, pr[i][0], pr[i][1], pr[i][2], pr[i][3], form % 2 ? 1.f : 0.f,
+                                 seed + 200 + 10 * i + form);
+    { /* refused before any launch: the split-K forms; a product without C (addresses never read) */
+        const __nv_bfloat16 *fake = (const __nv_bfloat16 *)(uintptr_t)256;
+        const kd_skinny_job j = {fake, 256, fake, 256, (float *)(uintptr_t)256, 64, 64}, nc = {fake, 256, fake, 256,
+                                                                                                NULL, 64, 64};
+        const cudaError_t e9 = kd_cu_gemm_skinny_pair(9, 1, 256, &j, &j, 0.f, 0);
+        const cudaError_t en = kd_cu_gemm_skinny_pair(5, 1, 256, &j, &nc, 0.f, 0);
+        report(e9 == cudaErrorInvalidValue && en == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+               "[skinny GEMM pair refuses form 9 and a product without C] %s, %s", cudaGetErrorName(e9),
+               cudaGetErrorName(en));
+    }
     const int sw[][4] = {{1, 9216, 2304, 8}, {1, 37, 256, 0}, {3, 100, 512, 8}, {4, 1000, 96, 0}};
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         if (!quick || i < 2) skinny_swiglu_case(sw[i][0], sw[i][1], sw[i][2], sw[i][3], seed + 100 + i);
@@ -1303,11 +1388,12 @@ static void skinny_checks(uint64_t seed, bool quick) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick"))) {
-        fprintf(stderr, "usage: %s ORACLE_DIR [quick]\n", argv[0]);
+    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick") && strcmp(argv[2], "skinny"))) {
+        fprintf(stderr, "usage: %s ORACLE_DIR [quick | skinny]\n", argv[0]);
         return 2;
     }
     const bool quick = argc > 2;
+    const bool skinny_only = quick && !strcmp(argv[2], "skinny"); /* the skinny kernel's checks alone (sanitizers) */
     kd_cuda_info info;
     kd_cuda_describe(&info);
     if (kd_cuda_device_count() == 0) {
@@ -1333,6 +1419,11 @@ int main(int argc, char **argv) {
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     skinny_checks(seed + 41, quick);
+    if (skinny_only) {
+        printf("%s (%d checks, the skinny GEMM's alone)\n", g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
+               g_checks);
+        return g_failed ? 1 : 0;
+    }
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         for (int bf = 0; bf < 2; bf++)
             for (kd_commit_mode mode : modes) {
@@ -1343,8 +1434,11 @@ int main(int argc, char **argv) {
     sampling_case(163840, seed + 12, quick ? 1 : 3);
     graph_case(specs[0], seed + 21, quick ? 10 : 40);
     if (!quick) graph_case(specs[1], seed + 22, 30);
-    graph_case(specs[0], seed + 23, quick ? 10 : 30, true);
-    if (!quick) graph_case(specs[1], seed + 24, 30, true);
+    graph_case(specs[0], seed + 23, quick ? 10 : 30, 1);
+    if (!quick) graph_case(specs[1], seed + 24, 30, 1);
+    for (int pm = 1; pm <= 3; pm++) graph_case(specs[pm == 2 ? 1 : 0], seed + 24 + pm, quick ? 8 : 30, 1 + pm);
+    graph_case(specs[0], seed + 28, quick ? 8 : 30, 5);
+    if (!quick) graph_case(specs[1], seed + 29, 30, 5);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

@@ -29,13 +29,13 @@ __device__ __forceinline__ void store_c(float *c, float sum, float beta) { *c = 
 // ---- the tensor-core form: a block of NW warps takes 16 rows of W, its warps split K in
 // 32-wide key blocks (interleaved, or CONTIG: each a contiguous range), U of them in flight
 // a warp; NT: activation rows in tiles of 8 (M <= 8 NT). KB: K / 32.
+// (tc_body: block bx of the grid's product; the kernels below call it with their block index)
 template <int NT, int NW, int U, bool CONTIG>
-__global__ void __launch_bounds__(NW * 32) skinny_tc_kernel(int M, int N, int KB, const __nv_bfloat16 *A, int64_t lda,
-                                                            const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
-                                                            int64_t ldc) {
+__device__ __forceinline__ void tc_body(int bx, int M, int N, int KB, const __nv_bfloat16 *A, int64_t lda,
+                                        const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc) {
     __shared__ float red[NW][8 * NT][17]; /* [warp][activation row][weight row] */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int64_t n0 = (int64_t)blockIdx.x * 16;
+    const int64_t n0 = (int64_t)bx * 16;
     const bool live0 = n0 + g < N, live1 = n0 + g + 8 < N;
     const __nv_bfloat16 *w0 = W + (live0 ? (n0 + g) * ldw : 0) + 8 * q;
     const __nv_bfloat16 *w1 = W + (live1 ? (n0 + g + 8) * ldw : 0) + 8 * q;
@@ -93,6 +93,23 @@ __global__ void __launch_bounds__(NW * 32) skinny_tc_kernel(int M, int N, int KB
         for (int w = 0; w < NW; w++) sum += red[w][m][r];
         store_c(C + m * ldc + n, sum, beta);
     }
+}
+
+template <int NT, int NW, int U, bool CONTIG>
+__global__ void __launch_bounds__(NW * 32) skinny_tc_kernel(int M, int N, int KB, const __nv_bfloat16 *A, int64_t lda,
+                                                            const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
+                                                            int64_t ldc) {
+    tc_body<NT, NW, U, CONTIG>(blockIdx.x, M, N, KB, A, lda, W, ldw, beta, C, ldc);
+}
+
+// Two products in one launch: blocks [0, nb0) take the first, the rest the second.
+template <int NT, int NW, int U, bool CONTIG>
+__global__ void __launch_bounds__(NW * 32) skinny_tc_pair_kernel(int M, int KB, kd_skinny_job j0, kd_skinny_job j1,
+                                                                 int nb0, float beta) {
+    if ((int)blockIdx.x < nb0)
+        tc_body<NT, NW, U, CONTIG>(blockIdx.x, M, (int)j0.N, KB, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc);
+    else
+        tc_body<NT, NW, U, CONTIG>(blockIdx.x - nb0, M, (int)j1.N, KB, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc);
 }
 
 // ---- the row form (M <= MT <= 4): each warp takes RW rows of W whole, a lane 16 bytes of a
@@ -159,12 +176,12 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
 
 // SWIGLU (RW = 2, N even): W's rows interleave gate and up (row 2j gate_j, 2j + 1 up_j), and the
 // kernel writes act[m][j] = bf16(silu(gate) * up) into Y (leading dimension ldc) instead of C.
-template <int MT, int RW, int U, bool SWIGLU = false>
-__global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
-                                                         const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
-                                                         int64_t ldc, __nv_bfloat16 *Y) {
+template <int MT, int RW, int U, bool SWIGLU>
+__device__ __forceinline__ void row_body(int bx, int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
+                                         const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                                         __nv_bfloat16 *Y) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t r0 = ((int64_t)blockIdx.x * 8 + warp) * RW;
+    const int64_t r0 = ((int64_t)bx * 8 + warp) * RW;
     float acc[RW][MT];
     row_partials<MT, RW, U, 1>(acc, M, N, K, A, lda, W, ldw, r0, 0, lane);
     if (SWIGLU) {
@@ -181,6 +198,23 @@ __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, co
             for (int m = 0; m < MT; m++)
                 if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, acc[r][m], beta);
     }
+}
+
+template <int MT, int RW, int U, bool SWIGLU = false>
+__global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
+                                                         const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
+                                                         int64_t ldc, __nv_bfloat16 *Y) {
+    row_body<MT, RW, U, SWIGLU>(blockIdx.x, M, N, K, A, lda, W, ldw, beta, C, ldc, Y);
+}
+
+template <int MT, int RW, int U>
+__global__ void __launch_bounds__(256) skinny_row_pair_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1, int nb0,
+                                                              float beta) {
+    if ((int)blockIdx.x < nb0)
+        row_body<MT, RW, U, false>(blockIdx.x, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc, nullptr);
+    else
+        row_body<MT, RW, U, false>(blockIdx.x - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc,
+                                   nullptr);
 }
 
 template <int NW, int U, bool CONTIG>
@@ -254,6 +288,34 @@ cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda,
     }
 }
 
+template <int NW, int U, bool CONTIG>
+cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta,
+                           cudaStream_t s) {
+    const int nb0 = (int)((j0.N + 15) / 16), nb1 = (int)((j1.N + 15) / 16);
+    const dim3 grid((unsigned)(nb0 + nb1)), block(NW * 32);
+    switch ((m + 7) / 8) {
+#define KD_SKINNY_TC2(NT) kd_launch_dep(skinny_tc_pair_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta)
+    case 1: return KD_SKINNY_TC2(1);
+    case 2: return KD_SKINNY_TC2(2);
+    case 3: return KD_SKINNY_TC2(3);
+    default: return KD_SKINNY_TC2(4);
+#undef KD_SKINNY_TC2
+    }
+}
+
+template <int RW, int U>
+cudaError_t launch_row_pair(int m, int k, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta, cudaStream_t s) {
+    const int nb0 = (int)((j0.N + 8 * RW - 1) / (8 * RW)), nb1 = (int)((j1.N + 8 * RW - 1) / (8 * RW));
+    const dim3 grid((unsigned)(nb0 + nb1)), block(256);
+    switch (m) {
+#define KD_SKINNY_ROW2(MT) kd_launch_dep(skinny_row_pair_kernel<MT, RW, U>, grid, block, 0, s, m, k, j0, j1, nb0, beta)
+    case 1: return KD_SKINNY_ROW2(1);
+    case 2: return KD_SKINNY_ROW2(2);
+    default: return KD_SKINNY_ROW2(4);
+#undef KD_SKINNY_ROW2
+    }
+}
+
 } // namespace
 
 int kd_cu_skinny_ok(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
@@ -316,4 +378,28 @@ cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat
                               const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                               cudaStream_t s) {
     return kd_cu_gemm_skinny_form(0, M, N, K, A, lda, W, ldw, beta, C, ldc, s);
+}
+
+cudaError_t kd_cu_gemm_skinny_pair(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1,
+                                   float beta, cudaStream_t s) {
+    if (!j0 || !j1) return cudaErrorInvalidValue;
+    for (const kd_skinny_job *j : {j0, j1})
+        if (!kd_cu_skinny_ok(M, j->N, K, j->A, j->lda, j->W, j->ldw, KD_SKINNY_MAX_M) || j->ldc < j->N || !j->C)
+            return cudaErrorInvalidValue;
+    if ((j0->N + 15) / 16 + (j1->N + 15) / 16 >= (1ll << 31)) return cudaErrorInvalidValue;
+    if (form == 0) form = kd_cu_skinny_pick(M, j0->N, K);
+    if (form == 0) form = M <= 4 ? 5 : 1;
+    if (form >= 5 && M > 4) return cudaErrorInvalidValue;
+    const int m = (int)M, k = (int)K, kb = (int)(K / 32);
+    switch (form) {
+    case 1: return launch_tc_pair<8, 4, false>(m, kb, *j0, *j1, beta, s);
+    case 2: return launch_tc_pair<8, 2, false>(m, kb, *j0, *j1, beta, s);
+    case 3: return launch_tc_pair<4, 4, true>(m, kb, *j0, *j1, beta, s);
+    case 4: return launch_tc_pair<4, 2, false>(m, kb, *j0, *j1, beta, s);
+    case 5: return launch_row_pair<2, 2>(m, k, *j0, *j1, beta, s);
+    case 6: return launch_row_pair<1, 4>(m, k, *j0, *j1, beta, s);
+    case 7: return launch_row_pair<2, 4>(m, k, *j0, *j1, beta, s);
+    case 8: return launch_row_pair<4, 2>(m, k, *j0, *j1, beta, s);
+    default: return cudaErrorInvalidValue; /* the split-K row forms (9, 10) are not paired */
+    }
 }

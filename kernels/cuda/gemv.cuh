@@ -71,4 +71,23 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
                                    const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                                    cudaStream_t s);
 
+// One product of a pair (kd_cu_gemm_skinny_pair): C[M][N] = A[M][K] W[N][K]^T + beta C.
+typedef struct kd_skinny_job {
+    const __nv_bfloat16 *A;
+    int64_t lda;
+    const __nv_bfloat16 *W;
+    int64_t ldw;
+    float *C;
+    int64_t ldc;
+    int64_t N;
+} kd_skinny_job;
+
+// Two products of the same M and K in one launch (the first's blocks, then the second's): one
+// kernel boundary fewer where two independent products follow each other (f_proj.1 and
+// g_proj.1). form as kd_cu_gemm_skinny_form (0: the one kd_cu_skinny_pick names for the
+// first), 1-8 only (the split-K row forms are not paired); cudaErrorInvalidValue where
+// either product is not taken (kd_cu_skinny_ok, C null or ldc < N).
+cudaError_t kd_cu_gemm_skinny_pair(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1,
+                                   float beta, cudaStream_t s);
+
 #endif

@@ -359,9 +359,10 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
                             int64_t width, cudaStream_t s) {
     if (N <= 0 || width <= 0) return cudaSuccess;
     if (out_bf16)
-        return kd_launch_dep(copy_cols_kernel<__nv_bfloat16>, dim3(blocks_for(N * width)), dim3(kBlock), 0, s, (__nv_bfloat16 *)dst,
-                      src, N, ld, off, width);
-    return kd_launch_dep(copy_cols_kernel<float>, dim3(blocks_for(N * width)), dim3(kBlock), 0, s, (float *)dst, src, N, ld, off, width);
+        return kd_launch_dep(copy_cols_kernel<__nv_bfloat16>, dim3(blocks_for(N * width)), dim3(kBlock), 0, s,
+                             (__nv_bfloat16 *)dst, src, N, ld, off, width);
+    return kd_launch_dep(copy_cols_kernel<float>, dim3(blocks_for(N * width)), dim3(kBlock), 0, s, (float *)dst, src, N,
+                         ld, off, width);
 }
 
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD, const kd_cu_tok *toks,
@@ -411,14 +412,56 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
     const int64_t blocks = (NH + 3) / 4;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     if (out_bf16)
-        return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)blocks), dim3(128), 0, s, (__nv_bfloat16 *)y, o, gate,
-                      bias, w, NH, HV, V, eps);
-    return kd_launch_dep(gated_rmsnorm_kernel<float>, dim3((unsigned)blocks), dim3(128), 0, s, (float *)y, o, gate, bias, w, NH, HV,
-                  V, eps);
+        return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)blocks), dim3(128), 0, s,
+                             (__nv_bfloat16 *)y, o, gate, bias, w, NH, HV, V, eps);
+    return kd_launch_dep(gated_rmsnorm_kernel<float>, dim3((unsigned)blocks), dim3(128), 0, s, (float *)y, o, gate, bias,
+                         w, NH, HV, V, eps);
 }
 
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (out_bf16) return kd_launch_dep(swiglu_kernel<__nv_bfloat16>, grid_2d(FF, N), dim3(kBlock), 0, s, (__nv_bfloat16 *)y, gu, N, FF);
     return kd_launch_dep(swiglu_kernel<float>, grid_2d(FF, N), dim3(kBlock), 0, s, (float *)y, gu, N, FF);
+}
+
+namespace {
+
+constexpr int kPrefetchBlocks = 32;
+
+__global__ void __launch_bounds__(kBlock) l2_prefetch_kernel(const char *p, int64_t bytes, int mode, uint32_t *sink) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (int64_t)gridDim.x * blockDim.x;
+    if (mode == 1) {
+        for (int64_t o = t * 128; o < bytes; o += nt * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    } else if (mode == 2) {
+        constexpr int64_t kChunk = 16 << 10;
+        for (int64_t o = t * kChunk; o < bytes; o += nt * kChunk) {
+            const uint32_t n = (uint32_t)(bytes - o < kChunk ? bytes - o : kChunk);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
+        }
+    } else { /* four loads in flight a thread; their words reach `sink` only when it is set (never:
+              * it keeps the loads in the code) */
+        const int64_t st = nt * 256;
+        uint32_t acc = 0;
+        for (int64_t o = t * 256; o < bytes; o += 4 * st) {
+            uint32_t r[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const char *a = o + u * st < bytes ? p + o + u * st : p;
+                asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(r[u]) : "l"(a));
+            }
+            acc ^= r[0] ^ r[1] ^ r[2] ^ r[3];
+        }
+        if (sink) *sink = acc;
+    }
+}
+
+} // namespace
+
+cudaError_t kd_cu_l2_prefetch(const void *p, int64_t bytes, int mode, cudaStream_t s) {
+    if (bytes <= 0) return cudaSuccess;
+    if (!p || ((uintptr_t)p & 15) || (bytes & 15) || mode < 1 || mode > 3) return cudaErrorInvalidValue;
+    int64_t blocks = (bytes + kBlock * 128 - 1) / (kBlock * 128);
+    if (blocks > kPrefetchBlocks) blocks = kPrefetchBlocks;
+    l2_prefetch_kernel<<<(unsigned)blocks, kBlock, 0, s>>>((const char *)p, bytes, mode, nullptr);
+    return cudaGetLastError();
 }

@@ -47,6 +47,12 @@ static const char *const kAblateName[kAblate] = {"RMSNorms",   "input projection
                                                  "f_proj.1 + g_proj.1", "conv", "KDA prepare", "KDA verify",
                                                  "gated RMSNorm", "o_proj", "MLP", "head"};
 
+/* the weight products (their time alone: every other kind left out) and the rest */
+static const unsigned kProducts = KD_CUDA_SKIP_IN_PROJ | KD_CUDA_SKIP_FG_PROJ | KD_CUDA_SKIP_O_PROJ | KD_CUDA_SKIP_MLP |
+                                  KD_CUDA_SKIP_HEAD;
+static const unsigned kOthers = KD_CUDA_SKIP_NORMS | KD_CUDA_SKIP_COPY_COLS | KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE |
+                                KD_CUDA_SKIP_VERIFY | KD_CUDA_SKIP_GATED_NORM;
+
 static double now() {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -221,15 +227,40 @@ int main(int argc, char **argv) {
     json += "  \"steps\": [\n";
     std::string md = "| B | s | tokens/step | step (graphs) ms | step (eager) ms | step (graphs, plain stream order) ms | "
                      "step (graphs, cuBLAS for every product) ms | step (graphs, conv folds one launch a layer) ms | "
+                     "step (graphs, no L2 prefetch) ms | step (graphs, f_proj.1 and g_proj.1 one launch each) ms | "
                      "bytes/step GB | roofline ms | of roofline |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|\n";
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     std::vector<int32_t> rec(129, 0);
     std::string abl_md = "| B | s | step ms |";
     for (int i = 0; i < kAblate; i++) abl_md += std::string(" ") + kAblateName[i] + " |";
-    abl_md += "\n|---|---|---|";
-    for (int i = 0; i < kAblate; i++) abl_md += "---|";
+    abl_md += " step with the weight products alone ms | step without them ms |\n|---|---|---|";
+    for (int i = 0; i < kAblate + 2; i++) abl_md += "---|";
     abl_md += "\n";
     std::string abl_json;
+    /* the L2 prefetch sweep: bytes a layer (o_proj's first, then gate|up's) and mode */
+    int l2 = 0;
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
+    const int pf_rows_default = 2, pf_mode_default = 2; /* as the backend's defaults */
+    struct PfConf {
+        double l2_frac; /* of the L2; < 0: o_proj's bytes */
+        int mode;
+    };
+    static const int kPfN = 8;
+    const PfConf kPf[kPfN] = {{-1, 2}, {0.15, 2}, {0.3, 2}, {0.5, 2}, {0.7, 2}, {0.9, 2}, {0.5, 1}, {0.5, 3}};
+    auto pf_bytes = [&](const PfConf &p) -> int64_t {
+        return p.l2_frac < 0 ? D * VD * 2 : (int64_t)(p.l2_frac * l2) & ~(int64_t)15;
+    };
+    auto pf_name = [&](const PfConf &p) -> std::string {
+        char t[64];
+        if (p.l2_frac < 0) snprintf(t, sizeof t, "o_proj %.1f MB, mode %d", D * VD * 2 / 1e6, p.mode);
+        else snprintf(t, sizeof t, "%.1f MB, mode %d", pf_bytes(p) / 1e6, p.mode);
+        return t;
+    };
+    std::string pf_md = "| B | s | no prefetch ms |", pf_json;
+    for (int i = 0; i < kPfN; i++) pf_md += " " + pf_name(kPf[i]) + " |";
+    pf_md += "\n|---|---|---|";
+    for (int i = 0; i < kPfN; i++) pf_md += "---|";
+    pf_md += "\n";
     bool first = true;
     int fails = 0;
     int prof_b = -1, prof_s = -1;
@@ -247,17 +278,28 @@ int main(int argc, char **argv) {
             /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
              * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
              * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
-             * layer (kd_cuda_set_fold_layers(0)) */
-            double ms[5] = {0, 0, 0, 0, 0};
+             * layer (kd_cuda_set_fold_layers(0)), ms[5]: graphs without the L2 prefetch of weights,
+             * ms[6]: graphs with f_proj.1 and g_proj.1 one launch each */
+            double ms[7] = {0, 0, 0, 0, 0, 0, 0};
             /* then graphs with each kind of kernel left out in turn (kd_cuda_set_skip: wrong results,
-             * timing only): abl[i] with bit i */
-            double abl[kAblate] = {0};
-            for (int v = 0; v < (prof_b >= 0 ? 1 : 5 + kAblate); v++) {
+             * timing only): abl[i] with bit i; only[0] with the weight products alone, only[1] with
+             * everything else alone; then graphs with the L2 prefetch in every step, pf[i] with kPf[i] */
+            double abl[kAblate] = {0}, only[2] = {0, 0}, pf[kPfN] = {0};
+            /* v: 0 graphs, 1 eager, 2-6 the ms[] columns, then the left-out runs, then the sweep */
+            const int v_abl = 7, v_only = v_abl + kAblate, v_pf = v_only + 2, n_v = v_pf + kPfN;
+            for (int v = 0; v < (prof_b >= 0 ? 1 : n_v); v++) {
                 const int graphs = v != 1;
                 kd_cuda_set_pdl(be, v != 2);
                 kd_cuda_set_skinny(be, v != 3);
                 kd_cuda_set_fold_layers(be, v != 4);
-                kd_cuda_set_skip(be, v >= 5 ? 1u << (v - 5) : 0u);
+                if (v == 5) kd_cuda_set_prefetch(be, 0, 0, 1);
+                else if (v >= v_pf) kd_cuda_set_prefetch(be, pf_bytes(kPf[v - v_pf]), 1 << 20, kPf[v - v_pf].mode);
+                else kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+                kd_cuda_set_pair(be, v != 6);
+                kd_cuda_set_skip(be, v >= v_abl && v < v_only ? 1u << (v - v_abl)
+                                     : v == v_only        ? kOthers
+                                     : v == v_only + 1    ? kProducts
+                                                          : 0u);
                 kd_cuda_set_graphs(be, graphs);
                 const int warm = 3, n = prof_b >= 0 ? 2 : graphs ? 30 : 10;
                 double tstart = 0;
@@ -276,13 +318,17 @@ int main(int argc, char **argv) {
                     for (int r = 0; r < Bn; r++) rec[(size_t)r] = T; // every draft accepted: fold the window
                 }
                 const double t = (now() - tstart) / n * 1e3;
-                if (v >= 5) abl[v - 5] = t;
+                if (v >= v_pf) pf[v - v_pf] = t;
+                else if (v >= v_only) only[v - v_only] = t;
+                else if (v >= v_abl) abl[v - v_abl] = t;
                 else ms[v == 0 ? 1 : v == 1 ? 0 : v] = t;
             }
             kd_cuda_set_pdl(be, 1);
             kd_cuda_set_skinny(be, 1);
             kd_cuda_set_fold_layers(be, 1);
             kd_cuda_set_skip(be, 0);
+            kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+            kd_cuda_set_pair(be, 1);
             if (prof_b >= 0) {
                 cudaDeviceSynchronize();
                 cudaProfilerStop();
@@ -299,19 +345,38 @@ int main(int argc, char **argv) {
             const double roof = bytes / copy_bw * 1e3;
             const double frac = roof / ms[1];
             printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
-                   "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer); %.2f GB/step; "
+                   "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
+                   "(graphs, no L2 prefetch), %.3f ms (graphs, f_proj.1 and g_proj.1 one launch each); %.2f GB/step; "
                    "roofline %.3f ms: %.0f %%\n",
-                   Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], bytes / 1e9, roof, 100 * frac);
+                   Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], bytes / 1e9, roof, 100 * frac);
             snprintf(buf, sizeof buf,
                      "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
                      "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, "
-                     "\"step_ms_graphs_folds_per_layer\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
-                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], roof, frac);
+                     "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_no_prefetch\": %.4f, "
+                     "\"step_ms_graphs_fg_unpaired\": %.4f, \"step_ms_products_only\": %.4f, "
+                     "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
+                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], only[0], only[1],
+                     roof, frac);
             json += buf;
             first = false;
-            snprintf(buf, sizeof buf, "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n",
-                     Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], bytes / 1e9, roof, 100 * frac);
+            snprintf(buf, sizeof buf,
+                     "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.0f %% |\n",
+                     Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], bytes / 1e9, roof, 100 * frac);
             md += buf;
+            /* the L2 prefetch in every step, by bytes a layer and mode */
+            snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[5]);
+            pf_md += buf;
+            printf("B=%3d s=%d L2 prefetch in every step (ms):", Bn, s);
+            for (int i = 0; i < kPfN; i++) {
+                snprintf(buf, sizeof buf, " %.3f |", pf[i]);
+                pf_md += buf;
+                printf(" %s %.3f%s", pf_name(kPf[i]).c_str(), pf[i], i + 1 < kPfN ? "," : "\n");
+                snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"prefetch\": \"%s\", \"bytes\": %lld, "
+                         "\"mode\": %d, \"step_ms\": %.4f}", pf_json.empty() ? "" : ",\n    ", Bn, s,
+                         pf_name(kPf[i]).c_str(), (long long)pf_bytes(kPf[i]), kPf[i].mode, pf[i]);
+                pf_json += buf;
+            }
+            pf_md += "\n";
             /* what each kind of kernel costs a step on its critical path: the step's time less the time
              * with it left out */
             snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[1]);
@@ -323,12 +388,16 @@ int main(int argc, char **argv) {
                          abl_json.empty() ? "" : ",\n    ", Bn, s, kAblateName[i], abl[i]);
                 abl_json += buf;
             }
-            abl_md += "\n";
+            snprintf(buf, sizeof buf, " %.3f | %.3f |\n", only[0], only[1]);
+            abl_md += buf;
+            printf("B=%3d s=%d: the weight products alone %.3f ms, everything else alone %.3f ms\n", Bn, s, only[0],
+                   only[1]);
             printf("B=%3d s=%d left out (ms a step less):", Bn, s);
             for (int i = 0; i < kAblate; i++)
                 printf(" %s %.3f%s", kAblateName[i], ms[1] - abl[i], i + 1 < kAblate ? "," : "\n");
         }
-    json += "\n  ],\n  \"left_out\": [\n    " + abl_json + "\n  ],\n  \"end_to_end\": [\n";
+    json += "\n  ],\n  \"left_out\": [\n    " + abl_json + "\n  ],\n  \"l2_prefetch\": [\n    " + pf_json +
+            "\n  ],\n  \"end_to_end\": [\n";
     // free the slots for the engine: commit what the step runs left recorded
     for (int r = 0; r < 128; r++)
         if (kd_backend_reset_slot(be, r, &err)) return printf("reset: %s\n", err.msg), 1;
@@ -413,13 +482,23 @@ int main(int argc, char **argv) {
                    "window's records and conv inputs written and read back) / copy bandwidth. Every draft accepted, so "
                    "each step folds the whole previous window. The products where the backend's skinny GEMM kernel "
                    "beats cuBLAS (gemv.cuh, kd_cu_skinny_pick) go to it; the cuBLAS column runs every product through "
-                   "cuBLAS, and the conv folds column folds the verify windows' conv windows one launch a layer "
-                   "instead of all layers in one (kd_cuda_set_fold_layers), in the same run.\n\n%s\n",
+                   "cuBLAS, the conv folds column folds the verify windows' conv windows one launch a layer "
+                   "instead of all layers in one (kd_cuda_set_fold_layers), the next runs without the L2 "
+                   "prefetch of weights (kd_cuda_set_prefetch) and the last with f_proj.1 and g_proj.1 in a launch "
+                   "each (kd_cuda_set_pair(0)), in the same run.\n\n%s\n",
                 md.c_str());
         fprintf(f, "### Where a step's time goes\n\nEach kind of kernel left out of every layer in turn "
                    "(kd_cuda_set_skip: the results are wrong, the timing is what that kernel costs the step on its "
-                   "critical path): the step's time (graphs) less the time without it, ms.\n\n%s\n",
+                   "critical path): the step's time (graphs) less the time without it, ms; the last two columns: the "
+                   "step's time with only the weight products (input projection, f_proj.1 + g_proj.1, o_proj, "
+                   "MLP, head) and with everything but them.\n\n%s\n",
                 abl_md.c_str());
+        fprintf(f, "### The L2 prefetch of weights\n\nSteps (graphs) with each layer's o_proj weights, then "
+                   "gate|up's first rows, prefetched into the L2 (%d MB) on a second stream after the input "
+                   "projection, in every step whatever its rows (by default only in steps of at most %d rows), by "
+                   "bytes a layer and mode (kd_cu_l2_prefetch: 1 a prefetch a 128-byte line, 2 bulk prefetches of "
+                   "16 KiB, 3 loads with the L2's 256-byte fetch), ms.\n\n%s\n",
+                l2 >> 20, pf_rows_default, pf_md.c_str());
         fprintf(f, "## End to end (engine, %d-token repetitive prompt, %d new tokens per request, greedy)\n\n%s\n"
                    "\"decode\" starts once every request has its first token (prefill done). Random weights: the n-gram "
                    "drafter is only accepted where the random model repeats its prompt; the oracle rows draft the "

@@ -230,6 +230,10 @@ int kd_cuda_set_graphs(kd_backend *b, int on);
  * kernels/cuda/launch.cuh), or plain stream order: process-wide; drops the captured graphs
  * (the next batches capture them again). Benchmarks. */
 int kd_cuda_set_pdl(kd_backend *b, int on);
+/* f_proj.1 and g_proj.1 in one launch of the skinny GEMM kernel where it takes both (on by
+ * default), or one launch each (off): the same results; drops the captured graphs.
+ * Benchmarks and tests. */
+int kd_cuda_set_pair(kd_backend *b, int on);
 /* The backend's own skinny GEMM kernel for the products of few activation rows where it
  * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
  * the captured graphs. Benchmarks. */
@@ -256,6 +260,14 @@ enum {
     KD_CUDA_SKIP_HEAD = 1024      /* the head's product (sampling still runs) */
 };
 int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
+/* The L2 prefetch of weights (on by default): in forwards of at most max_rows rows (default
+ * 2; more rows' state traffic would evict the weights before they are read), each layer's
+ * o_proj weights and then gate|up's first rows, at most `bytes` a layer (< 0: the default,
+ * half the device's L2; 0: off), are prefetched into the L2 on a second stream while the
+ * layer's latency-bound kernels (conv, KDA, norms) leave the memory idle; mode 1-3 is how
+ * (kernels/cuda/ops.cuh kd_cu_l2_prefetch). The same results either way; drops the captured
+ * graphs. Benchmarks and tests; -1 for a bad mode or a backend that is not CUDA. */
+int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
