@@ -9,7 +9,7 @@ packages=(
   pkg-config gcc g++ python3-numpy            # compilers; numpy for the float64 reference
   libjansson-dev libopenblas-dev libxxhash-dev libmicrohttpd-dev # JSON, CPU BLAS, checksums, metrics HTTP
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler  # the API
-  python3-protobuf                             # the API's reflection data (proto/gen_reflection.py)
+  python3-protobuf python3-grpcio              # the API's reflection data (proto/gen_reflection.py); Python test clients
   check yamllint                               # unit tests; YAML lint (deploy/k8s)
   clang libclang-rt-14-dev                     # fuzz tests (libFuzzer, ASan, UBSan): tests/fuzz
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc # reference C++ gRPC server: tests/bench/grpc
