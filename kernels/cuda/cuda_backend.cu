@@ -37,6 +37,14 @@
 // The verify windows' conv folds (each slot's conv window advanced by the tokens the last step
 // accepted) of every layer run in one launch before the first layer, since their inputs are
 // the step before's records (kd_cu_conv_fold_layers; kd_cuda_set_fold_layers(0): one a layer).
+// f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
+// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each). In forwards of at most 2 rows a
+// second stream, forked after each layer's input projection and joined at the end of the
+// forward (the graphs keep the branch), prefetches that layer's o_proj weights and gate|up's
+// first rows into the L2 (half of it, bulk prefetches; kd_cuda_set_prefetch) while the conv,
+// KDA and norm kernels leave the memory idle: 1.804 -> 1.788 ms a step of the 48B preset at
+// B = 1 on an H200; with more rows their states' traffic evicts the weights first (no gain
+// measured from B = 32 on), so it is off there.
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
 // conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
 // RMSNorm inside the skinny products, were each slower on an H200 (every block of a product

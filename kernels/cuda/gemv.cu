@@ -211,7 +211,8 @@ template <int MT, int RW, int U>
 __global__ void __launch_bounds__(256) skinny_row_pair_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1, int nb0,
                                                               float beta) {
     if ((int)blockIdx.x < nb0)
-        row_body<MT, RW, U, false>(blockIdx.x, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc, nullptr);
+        row_body<MT, RW, U, false>(blockIdx.x, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc,
+                                   nullptr);
     else
         row_body<MT, RW, U, false>(blockIdx.x - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc,
                                    nullptr);
@@ -294,7 +295,8 @@ cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skin
     const int nb0 = (int)((j0.N + 15) / 16), nb1 = (int)((j1.N + 15) / 16);
     const dim3 grid((unsigned)(nb0 + nb1)), block(NW * 32);
     switch ((m + 7) / 8) {
-#define KD_SKINNY_TC2(NT) kd_launch_dep(skinny_tc_pair_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta)
+#define KD_SKINNY_TC2(NT) \
+    kd_launch_dep(skinny_tc_pair_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta)
     case 1: return KD_SKINNY_TC2(1);
     case 2: return KD_SKINNY_TC2(2);
     case 3: return KD_SKINNY_TC2(3);
@@ -304,7 +306,8 @@ cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skin
 }
 
 template <int RW, int U>
-cudaError_t launch_row_pair(int m, int k, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta, cudaStream_t s) {
+cudaError_t launch_row_pair(int m, int k, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta,
+                            cudaStream_t s) {
     const int nb0 = (int)((j0.N + 8 * RW - 1) / (8 * RW)), nb1 = (int)((j1.N + 8 * RW - 1) / (8 * RW));
     const dim3 grid((unsigned)(nb0 + nb1)), block(256);
     switch (m) {

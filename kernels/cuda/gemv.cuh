@@ -26,6 +26,11 @@
 // m16n8k16: the sum over keys does not depend on their order, so the same permutation of
 // the 16 keys of each mma for W and for A (physical 8q..8q+3 as the fragment's 2q, 2q + 1,
 // 2q + 8, 2q + 9) needs no shuffles. Bytes: W once, A once per 16 rows of W (from L2).
+//
+// Measured and not kept: a streaming row form (a grid of what the device holds at once, each
+// warp an equal share of row pairs streamed across row boundaries, without the row form's
+// last partial wave): slower for every product of the 48B preset but gate|up on the H200
+// (o_proj 9.15 vs 6.94 us, the head 182 vs 169; tests/bench/results/tried/stream_gemv.patch).
 #ifndef KD_CUDA_GEMV_CUH
 #define KD_CUDA_GEMV_CUH
 

@@ -7,10 +7,16 @@
 // runs (inside a CUDA graph too: the capture keeps the programmatic edges), but none of them
 // reads anything written in the stream before its own wait, and a kernel is only scheduled
 // once the kernel before it has passed its wait: the chain keeps stream order for every
-// byte. Two kernels load before their wait: the skinny GEMM (gemv.cu) its weights, which are
-// never written, and the CUDA-core KDA verify, which relies on the last point (kda.cu: what
-// it loads early was written two or more kernels back, so it is complete once its
-// predecessor has started).
+// byte. Three kernels load before their wait: the skinny GEMM (gemv.cu) and the RMSNorm
+// (ops.cu) their weights, which are never written, and the CUDA-core KDA verify, which relies
+// on the last point (kda.cu: what it loads early was written two or more kernels back, so it
+// is complete once its predecessor has started).
+//
+// Measured and not kept: the norms triggering before their wait, so that the weight product
+// after each is scheduled while the product before it finishes: no change in a 48B step on
+// the H200, 1.804 vs 1.799 ms at B = 1 (likely because the next product's blocks find no room
+// on the SMs before that product's blocks leave;
+// tests/bench/results/logs/cuda_bench_h200_early_trigger_tried.log).
 #ifndef KD_CUDA_LAUNCH_CUH
 #define KD_CUDA_LAUNCH_CUH
 

@@ -414,8 +414,8 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
     if (out_bf16)
         return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)blocks), dim3(128), 0, s,
                              (__nv_bfloat16 *)y, o, gate, bias, w, NH, HV, V, eps);
-    return kd_launch_dep(gated_rmsnorm_kernel<float>, dim3((unsigned)blocks), dim3(128), 0, s, (float *)y, o, gate, bias,
-                         w, NH, HV, V, eps);
+    return kd_launch_dep(gated_rmsnorm_kernel<float>, dim3((unsigned)blocks), dim3(128), 0, s, (float *)y, o, gate,
+                         bias, w, NH, HV, V, eps);
 }
 
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {

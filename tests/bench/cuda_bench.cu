@@ -355,8 +355,8 @@ int main(int argc, char **argv) {
                      "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_no_prefetch\": %.4f, "
                      "\"step_ms_graphs_fg_unpaired\": %.4f, \"step_ms_products_only\": %.4f, "
                      "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
-                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], only[0], only[1],
-                     roof, frac);
+                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], only[0],
+                     only[1], roof, frac);
             json += buf;
             first = false;
             snprintf(buf, sizeof buf,
