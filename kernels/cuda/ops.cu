@@ -433,6 +433,11 @@ __global__ void __launch_bounds__(kBlock) l2_prefetch_kernel(const char *p, int6
     if (mode == 1) {
         for (int64_t o = t * 128; o < bytes; o += nt * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
     } else if (mode == 2) {
+        /* thread t issues chunk t: a step's chunks come from the first few blocks, so a few SMs'
+         * copy engines (about 0.17 TB/s each) prefetch: measured, that trickle is what helps. The
+         * same chunks spread over 128 SMs (3-4 TB/s) flood the memory while the KDA kernels run and
+         * slow them more than the products gain: 1.822 vs 1.803 ms a B = 1 step without prefetch,
+         * against 1.788 for this form (logs/cuda_bench_h200_prefetch_spread_tried.log) */
         constexpr int64_t kChunk = 16 << 10;
         for (int64_t o = t * kChunk; o < bytes; o += nt * kChunk) {
             const uint32_t n = (uint32_t)(bytes - o < kChunk ? bytes - o : kChunk);

@@ -92,10 +92,11 @@ cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int6
                          cudaStream_t s);
 
 // Weights into the L2 cache ahead of the product that reads them: bytes [p, p + bytes) of
-// memory nothing writes during the step, issued as hints (nothing is read into registers, the
-// kernel returns once they are issued; p 16-byte aligned, bytes a multiple of 16). mode 1:
-// one prefetch.global.L2 per 128-byte line; 2: cp.async.bulk.prefetch.L2 of 16 KiB a thread
-// (the copy engine of each SM); 3: 4-byte loads with the L2's 256-byte fetch, one a 256 bytes.
+// memory nothing writes during the step, as hints (modes 1 and 2 read nothing into registers
+// and return once the prefetches are issued; p 16-byte aligned, bytes a multiple of 16). mode 1:
+// one prefetch.global.L2 per 128-byte line; 2: cp.async.bulk.prefetch.L2 of 16 KiB a thread,
+// from the first few blocks (a few SMs' copy engines: a trickle that leaves the memory to the
+// kernels running meanwhile); 3: 4-byte loads with the L2's 256-byte fetch, one a 256 bytes.
 // The backend runs it on a second stream while a layer's latency-bound kernels leave the
 // memory idle (cuda_backend.cu).
 cudaError_t kd_cu_l2_prefetch(const void *p, int64_t bytes, int mode, cudaStream_t s);

@@ -8,7 +8,7 @@
 // writes OUT_PREFIX.json and OUT_PREFIX.md.
 //   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
-//   nothing written.
+//   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
 //
 // (1) The copy floor: cudaMemcpy device to device of 2 GiB, bandwidth = bytes read + written
 //     over the time (best of 10).
@@ -295,6 +295,8 @@ int main(int argc, char **argv) {
                 if (v == 5) kd_cuda_set_prefetch(be, 0, 0, 1);
                 else if (v >= v_pf) kd_cuda_set_prefetch(be, pf_bytes(kPf[v - v_pf]), 1 << 20, kPf[v - v_pf].mode);
                 else kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+                if (prof_b >= 0 && getenv("KD_BENCH_PREFETCH") && !strcmp(getenv("KD_BENCH_PREFETCH"), "0"))
+                    kd_cuda_set_prefetch(be, 0, 0, 1); /* profiling the step without the L2 prefetch */
                 kd_cuda_set_pair(be, v != 6);
                 kd_cuda_set_skip(be, v >= v_abl && v < v_only ? 1u << (v - v_abl)
                                      : v == v_only        ? kOthers
