@@ -60,7 +60,6 @@
 #include "kd/backend.h"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kda.cuh"
-#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sample.cuh"
 

@@ -1216,6 +1216,8 @@ struct SkinnyProb {
                 ref[(size_t)m * N + n] = sum + cc, mag[(size_t)m * N + n] = sa + fabs(cc);
             }
     }
+    SkinnyProb(const SkinnyProb &) = delete; /* owns its device buffers */
+    SkinnyProb &operator=(const SkinnyProb &) = delete;
     ~SkinnyProb() { cudaFree(da), cudaFree(dw), cudaFree(dc); }
     bool upload() { return to_dev(&da, a) && to_dev(&dw, w) && to_dev(&dc, c0); }
     kd_skinny_job job() const {
