@@ -40,11 +40,14 @@
 // f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
 // (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each). In forwards of at most 2 rows a
 // second stream, forked after each layer's input projection and joined at the end of the
-// forward (the graphs keep the branch), prefetches that layer's o_proj weights and gate|up's
-// first rows into the L2 (half of it, bulk prefetches; kd_cuda_set_prefetch) while the conv,
-// KDA and norm kernels leave the memory idle: 1.804 -> 1.788 ms a step of the 48B preset at
-// B = 1 on an H200; with more rows their states' traffic evicts the weights first (no gain
-// measured from B = 32 on), so it is off there.
+// forward (the graphs keep the branch), prefetches that layer's gate|up first rows into the L2
+// (30 % of it, bulk prefetches from a few SMs; kd_cuda_set_prefetch) while the conv, KDA and
+// norm kernels leave the memory idle. gate|up streams at the memory's rate, so what it finds in
+// the L2 comes off its time; o_proj is bound by latency and gains little from it (measured with
+// ncu), so it is prefetched only after gate|up's share (kd_cuda_set_prefetch_order(0): o_proj
+// first): 1.787 -> 1.744 ms a step of the 48B preset at B = 1 on an H200 (1.804 without any
+// prefetch). With more rows their states' traffic evicts the weights first (no gain measured
+// from B = 32 on), so it is off there.
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
 // conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
 // RMSNorm inside the skinny products, were each slower on an H200 (every block of a product
@@ -151,6 +154,7 @@ struct cu_backend {
     cudaEvent_t ev_fork, ev_join;
     int64_t pf_bytes, l2_bytes;
     int pf_rows, pf_mode;
+    int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
 };
@@ -814,15 +818,18 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (!(sk & KD_CUDA_SKIP_IN_PROJ) &&
             gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P, "input projection", err))
             return -1;
-        if (prefetch) { /* o_proj's weights, then gate|up's first rows, into the L2 while the
-                         * layer's small kernels leave the memory idle (a hint: no result depends on it) */
+        if (prefetch) { /* o_proj's weights and gate|up's first rows (in pf_gu_first's order) into the
+                         * L2 while the layer's small kernels leave the memory idle (a hint: no result
+                         * depends on it) */
             const int64_t ob = D * VD * (int64_t)cb->wsz, gb = 2 * FF * D * (int64_t)cb->wsz;
-            const int64_t a = (ob < cb->pf_bytes ? ob : cb->pf_bytes) & ~(int64_t)15;
-            const int64_t r = (gb < cb->pf_bytes - a ? gb : cb->pf_bytes - a) & ~(int64_t)15;
+            const void *w1 = cb->pf_gu_first ? Ly->w_gu : Ly->w_o, *w2 = cb->pf_gu_first ? Ly->w_o : Ly->w_gu;
+            const int64_t b1 = cb->pf_gu_first ? gb : ob, b2 = cb->pf_gu_first ? ob : gb;
+            const int64_t a = (b1 < cb->pf_bytes ? b1 : cb->pf_bytes) & ~(int64_t)15;
+            const int64_t r = (b2 < cb->pf_bytes - a ? b2 : cb->pf_bytes - a) & ~(int64_t)15;
             CU(cudaEventRecord(cb->ev_fork, s));
             CU(cudaStreamWaitEvent(cb->side, cb->ev_fork, 0));
-            KDA(kd_cu_l2_prefetch(Ly->w_o, a, cb->pf_mode, cb->side));
-            KDA(kd_cu_l2_prefetch(Ly->w_gu, r, cb->pf_mode, cb->side));
+            KDA(kd_cu_l2_prefetch(w1, a, cb->pf_mode, cb->side));
+            KDA(kd_cu_l2_prefetch(w2, r, cb->pf_mode, cb->side));
         }
         const void *fa;
         int64_t flda;
@@ -1110,7 +1117,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     if (!what && (e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->dev)) != cudaSuccess)
         what = "cudaDeviceGetAttribute (L2 size)";
     cb->l2_bytes = l2;
-    cb->pf_bytes = cb->l2_bytes / 2, cb->pf_rows = 2, cb->pf_mode = 2;
+    cb->pf_bytes = cb->l2_bytes * 3 / 10, cb->pf_rows = 2, cb->pf_mode = 2, cb->pf_gu_first = 1;
     if (!what && (e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess) what = "cudaMalloc (cuBLAS workspace)";
     if (what) {
         kd_fail(err, "cuda backend: %s: %s", what, cudaGetErrorString(e));
@@ -1191,7 +1198,14 @@ extern "C" int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, 
     if (mode < 1 || mode > 3) return -1;
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
-    cb->pf_bytes = bytes < 0 ? cb->l2_bytes / 2 : bytes, cb->pf_rows = max_rows, cb->pf_mode = mode;
+    cb->pf_bytes = bytes < 0 ? cb->l2_bytes * 3 / 10 : bytes, cb->pf_rows = max_rows, cb->pf_mode = mode;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first) {
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->pf_gu_first = gate_up_first ? 1 : 0;
     return 0;
 }
 

@@ -827,8 +827,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // windows one launch a layer (kd_cuda_set_fold_layers(0)); single-token steps of each slot
 // first, their logits compared bit for bit, then as above. Variants 2-4: the same with the
 // first prefetching weights into the L2 (kd_cuda_set_prefetch mode 1-3) in every forward, the
-// second never. Variant 5: the same with f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair)
-// on the first only.
+// second never (variant 6: mode 2 with gate|up's rows before o_proj's, kd_cuda_set_prefetch_order).
+// Variant 5: the same with f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) on the first only.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -842,11 +842,14 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
              kd_cuda_set_graphs(be[i], folds || i == 0) == 0 &&
              kd_cuda_set_fold_layers(be[i], variant != 1 || i == 0) == 0 &&
-             (variant < 2 || variant > 4 ||
-              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0, variant - 1) == 0) &&
+             (variant < 2 || variant == 5 ||
+              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0, variant == 6 ? 2 : variant - 1) ==
+                  0) &&
+             kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
              (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0);
     char tag[64], vs[96];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
+    else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
     else snprintf(tag, sizeof tag, "%s", variant == 0   ? "graphs"
                                             : variant == 1 ? "conv folds"
                                                            : "f/g product pair");
@@ -1441,6 +1444,7 @@ int main(int argc, char **argv) {
     for (int pm = 1; pm <= 3; pm++) graph_case(specs[pm == 2 ? 1 : 0], seed + 24 + pm, quick ? 8 : 30, 1 + pm);
     graph_case(specs[0], seed + 28, quick ? 8 : 30, 5);
     if (!quick) graph_case(specs[1], seed + 29, 30, 5);
+    graph_case(specs[quick ? 0 : 1], seed + 30, quick ? 8 : 30, 6);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

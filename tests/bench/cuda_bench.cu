@@ -240,20 +240,22 @@ int main(int argc, char **argv) {
     /* the L2 prefetch sweep: bytes a layer (o_proj's first, then gate|up's) and mode */
     int l2 = 0;
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
-    const int pf_rows_default = 2, pf_mode_default = 2; /* as the backend's defaults */
+    const int pf_rows_default = 2, pf_mode_default = 2, pf_order_default = 1; /* as the backend's defaults */
     struct PfConf {
         double l2_frac; /* of the L2; < 0: o_proj's bytes */
         int mode;
+        int gu_first; /* gate|up's first rows before o_proj's weights */
     };
-    static const int kPfN = 8;
-    const PfConf kPf[kPfN] = {{-1, 2}, {0.15, 2}, {0.3, 2}, {0.5, 2}, {0.7, 2}, {0.9, 2}, {0.5, 1}, {0.5, 3}};
+    static const int kPfN = 9;
+    const PfConf kPf[kPfN] = {{-1, 2, 0},  {0.15, 2, 0}, {0.5, 2, 0}, {0.9, 2, 0}, {0.5, 1, 0},
+                              {0.15, 2, 1}, {0.3, 2, 1},  {0.5, 2, 1}, {0.9, 2, 1}};
     auto pf_bytes = [&](const PfConf &p) -> int64_t {
         return p.l2_frac < 0 ? D * VD * 2 : (int64_t)(p.l2_frac * l2) & ~(int64_t)15;
     };
     auto pf_name = [&](const PfConf &p) -> std::string {
         char t[64];
         if (p.l2_frac < 0) snprintf(t, sizeof t, "o_proj %.1f MB, mode %d", D * VD * 2 / 1e6, p.mode);
-        else snprintf(t, sizeof t, "%.1f MB, mode %d", pf_bytes(p) / 1e6, p.mode);
+        else snprintf(t, sizeof t, "%.1f MB, mode %d%s", pf_bytes(p) / 1e6, p.mode, p.gu_first ? ", gate|up first" : "");
         return t;
     };
     std::string pf_md = "| B | s | no prefetch ms |", pf_json;
@@ -295,6 +297,7 @@ int main(int argc, char **argv) {
                 if (v == 5) kd_cuda_set_prefetch(be, 0, 0, 1);
                 else if (v >= v_pf) kd_cuda_set_prefetch(be, pf_bytes(kPf[v - v_pf]), 1 << 20, kPf[v - v_pf].mode);
                 else kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+                kd_cuda_set_prefetch_order(be, v >= v_pf ? kPf[v - v_pf].gu_first : pf_order_default);
                 if (prof_b >= 0 && getenv("KD_BENCH_PREFETCH") && !strcmp(getenv("KD_BENCH_PREFETCH"), "0"))
                     kd_cuda_set_prefetch(be, 0, 0, 1); /* profiling the step without the L2 prefetch */
                 kd_cuda_set_pair(be, v != 6);
@@ -330,6 +333,7 @@ int main(int argc, char **argv) {
             kd_cuda_set_fold_layers(be, 1);
             kd_cuda_set_skip(be, 0);
             kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+            kd_cuda_set_prefetch_order(be, pf_order_default);
             kd_cuda_set_pair(be, 1);
             if (prof_b >= 0) {
                 cudaDeviceSynchronize();
@@ -374,8 +378,9 @@ int main(int argc, char **argv) {
                 pf_md += buf;
                 printf(" %s %.3f%s", pf_name(kPf[i]).c_str(), pf[i], i + 1 < kPfN ? "," : "\n");
                 snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"prefetch\": \"%s\", \"bytes\": %lld, "
-                         "\"mode\": %d, \"step_ms\": %.4f}", pf_json.empty() ? "" : ",\n    ", Bn, s,
-                         pf_name(kPf[i]).c_str(), (long long)pf_bytes(kPf[i]), kPf[i].mode, pf[i]);
+                         "\"mode\": %d, \"gate_up_first\": %d, \"step_ms\": %.4f}", pf_json.empty() ? "" : ",\n    ",
+                         Bn, s, pf_name(kPf[i]).c_str(), (long long)pf_bytes(kPf[i]), kPf[i].mode, kPf[i].gu_first,
+                         pf[i]);
                 pf_json += buf;
             }
             pf_md += "\n";
@@ -496,10 +501,12 @@ int main(int argc, char **argv) {
                    "MLP, head) and with everything but them.\n\n%s\n",
                 abl_md.c_str());
         fprintf(f, "### The L2 prefetch of weights\n\nSteps (graphs) with each layer's o_proj weights, then "
-                   "gate|up's first rows, prefetched into the L2 (%d MB) on a second stream after the input "
+                   "gate|up's first rows (or the other way round), prefetched into the L2 (%d MB) on a second "
+                   "stream after the input "
                    "projection, in every step whatever its rows (by default only in steps of at most %d rows), by "
                    "bytes a layer and mode (kd_cu_l2_prefetch: 1 a prefetch a 128-byte line, 2 bulk prefetches of "
-                   "16 KiB, 3 loads with the L2's 256-byte fetch), ms.\n\n%s\n",
+                   "16 KiB, 3 loads with the L2's 256-byte fetch); \"gate|up first\": gate|up's first rows before "
+                   "o_proj's weights (kd_cuda_set_prefetch_order), ms.\n\n%s\n",
                 l2 >> 20, pf_rows_default, pf_md.c_str());
         fprintf(f, "## End to end (engine, %d-token repetitive prompt, %d new tokens per request, greedy)\n\n%s\n"
                    "\"decode\" starts once every request has its first token (prefill done). Random weights: the n-gram "

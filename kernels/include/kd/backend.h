@@ -262,12 +262,16 @@ enum {
 int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
 /* The L2 prefetch of weights (on by default): in forwards of at most max_rows rows (default
  * 2; more rows' state traffic would evict the weights before they are read), each layer's
- * o_proj weights and then gate|up's first rows, at most `bytes` a layer (< 0: the default,
- * half the device's L2; 0: off), are prefetched into the L2 on a second stream while the
- * layer's latency-bound kernels (conv, KDA, norms) leave the memory idle; mode 1-3 is how
- * (kernels/cuda/ops.cuh kd_cu_l2_prefetch). The same results either way; drops the captured
- * graphs. Benchmarks and tests; -1 for a bad mode or a backend that is not CUDA. */
+ * gate|up first rows and o_proj's weights (kd_cuda_set_prefetch_order), at most `bytes` a
+ * layer (< 0: the default, 30 % of the device's L2; 0: off), are prefetched into the L2 on a
+ * second stream while the layer's latency-bound kernels (conv, KDA, norms) leave the memory
+ * idle; mode 1-3 is how (kernels/cuda/ops.cuh kd_cu_l2_prefetch; default 2). The same
+ * results either way; drops the captured graphs. Benchmarks and tests; -1 for a bad mode or a
+ * backend that is not CUDA. */
 int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode);
+/* The prefetch's order: gate|up's first rows first (1, the default), or o_proj's weights
+ * first (0); drops the captured graphs. Benchmarks and tests. */
+int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
