@@ -259,7 +259,11 @@ int main(int argc, char **argv) {
         return t;
     };
     std::string pf_md = "| B | s | no prefetch ms |", pf_json;
-    for (int i = 0; i < kPfN; i++) pf_md += " " + pf_name(kPf[i]) + " |";
+    for (int i = 0; i < kPfN; i++) { /* "gate|up" escaped for the table */
+        std::string n = pf_name(kPf[i]);
+        for (size_t at = n.find('|'); at != std::string::npos; at = n.find('|', at + 2)) n.insert(at, "\\");
+        pf_md += " " + n + " |";
+    }
     pf_md += "\n|---|---|---|";
     for (int i = 0; i < kPfN; i++) pf_md += "---|";
     pf_md += "\n";
