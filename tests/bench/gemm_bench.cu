@@ -200,7 +200,11 @@ int main(int argc, char **argv) {
             for (int f = 1; f <= nforms; f++)
                 if (us[(size_t)f] > 0) best = std::min(best, us[(size_t)f]);
             const double gbs = wbytes / (cublas_us * 1e-6) / 1e9, best_bw = wbytes / (best * 1e-6);
-            snprintf(buf, sizeof buf, "| %s | %d | %d | %d | %.2f | %.0f |", sh.name, sh.N, sh.K, M, cublas_us, gbs);
+            std::string cell = sh.name; /* "gate|up": its '|' escaped for the table */
+            for (size_t at = cell.find('|'); at != std::string::npos; at = cell.find('|', at + 2))
+                cell.insert(at, "\\");
+            snprintf(buf, sizeof buf, "| %s | %d | %d | %d | %.2f | %.0f |", cell.c_str(), sh.N, sh.K, M, cublas_us,
+                     gbs);
             md += buf;
             for (int f = 0; f <= nforms; f++) {
                 if (us[(size_t)f] > 0) snprintf(buf, sizeof buf, " %.2f |", us[(size_t)f]);
