@@ -48,10 +48,20 @@
 // first): 1.787 -> 1.744 ms a step of the 48B preset at B = 1 on an H200 (1.804 without any
 // prefetch). With more rows their states' traffic evicts the weights first (no gain measured
 // from B = 32 on), so it is off there.
+// Where the skinny kernel's row form takes the products (one activation row at the 48B preset),
+// two kernels go into launches next to them (kd_cuda_set_fuse; the same bits either way): the
+// gates' bf16 copy (f_proj.0 | g_proj.0's columns) into the input projection's epilogue
+// (kd_cu_gemm_skinny_epi), and the conv into f_proj.1 + g_proj.1's launch, its blocks first
+// (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). 48B step at
+// B = 1 on an H200, in one run: 1.753 ms with neither, 1.724 the copy alone, 1.717 the conv
+// alone, 1.664 both (tests/bench/results/kimi48b_cuda_h200.md).
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
 // conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
 // RMSNorm inside the skinny products, were each slower on an H200 (every block of a product
-// redoes the row's norm: 1.896 -> 1.950 / 1.968 / 1.915 / 2.027 ms a step at B = 1).
+// redoes the row's norm: 1.896 -> 1.950 / 1.968 / 1.915 / 2.027 ms a step at B = 1); so were
+// the RMSNorms after o_proj and the down projection written by the last block of those
+// products (a count of finished blocks: 1.758 -> 2.041 ms;
+// tests/bench/results/tried/epilogue_norms.patch).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -147,6 +157,7 @@ struct cu_backend {
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
+    int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
     // L2 prefetch of each layer's o_proj and leading gate|up weights on a second stream
     // (kd_cuda_set_prefetch): at most pf_bytes a layer, in forwards of at most pf_rows rows
@@ -611,17 +622,29 @@ int cu_synchronize(kd_backend *b, kd_err *err) {
 
 // ------------------------------------------------------------------------- forward
 
+// Whether the product of these shapes runs in the skinny kernel's row form 5, which takes the
+// bf16 copy epilogue (kd_cu_gemm_skinny_epi), with that fusion on.
+bool copy_epi(const cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+              int64_t ldb) {
+    return cb->bf16 && cb->skinny && (cb->fuse & KD_CUDA_FUSE_COPY) && M <= 4 && kd_cu_skinny_pick(M, N, K) == 5 &&
+           kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M);
+}
+
 // C[M][N] = A[M][K] B[N][K]^T + beta C (row-major, leading dimensions given; A in the
 // activation type, B in the weight type, C fp32).
+// ep: the copy epilogue (kd_cu_gemm_skinny_epi) where copy_epi said the product takes it.
 int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
-         float beta, float *C, int64_t ldc, const char *what, kd_err *err) {
+         float beta, float *C, int64_t ldc, const char *what, kd_err *err, const kd_skinny_epi *ep = nullptr) {
     if (M <= 0) return 0;
     if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
         return kd_fail(err, "cuda backend: GEMM %s too large", what);
     const int form = cb->bf16 && cb->skinny ? kd_cu_skinny_pick(M, N, K) : 0;
     if (form && kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M)) {
-        const cudaError_t e = kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)A, lda,
-                                                     (const __nv_bfloat16 *)B, ldb, beta, C, ldc, cb->stream);
+        const cudaError_t e =
+            ep ? kd_cu_gemm_skinny_epi(form, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb,
+                                       beta, C, ldc, ep, cb->stream)
+               : kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb,
+                                        beta, C, ldc, cb->stream);
         if (e != cudaSuccess)
             return kd_fail(err, "cuda backend: skinny GEMM %s (M %lld N %lld K %lld): %s", what, (long long)M,
                            (long long)N, (long long)K, cudaGetErrorString(e));
@@ -645,9 +668,13 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
 
 // Two products of the same M and K with beta 0 (f_proj.1 and g_proj.1): one launch where the
 // skinny kernel takes both in the same form (kd_cu_gemm_skinny_pair), else one after the other.
+// conv (optional): the conv to run in that launch too where the form is the row form
+// (kd_cu_gemm_skinny_pair_conv; *conv_done says whether it ran).
 int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0, const void *W0, int64_t ldw0,
               int64_t N0, float *C0, int64_t ldc0, const void *A1, int64_t lda1, const void *W1, int64_t ldw1,
-              int64_t N1, float *C1, int64_t ldc1, const char *what, kd_err *err) {
+              int64_t N1, float *C1, int64_t ldc1, const char *what, kd_err *err,
+              const kd_cu_conv_args *conv = nullptr, bool *conv_done = nullptr) {
+    if (conv_done) *conv_done = false;
     if (M <= 0) return 0;
     const int form = cb->bf16 && cb->skinny && cb->pair ? kd_cu_skinny_pick(M, N0, K) : 0;
     if (form && form <= 8 && form == kd_cu_skinny_pick(M, N1, K) &&
@@ -655,7 +682,10 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
         kd_cu_skinny_ok(M, N1, K, A1, lda1, W1, ldw1, KD_SKINNY_MAX_M)) {
         const kd_skinny_job j0 = {(const __nv_bfloat16 *)A0, lda0, (const __nv_bfloat16 *)W0, ldw0, C0, ldc0, N0};
         const kd_skinny_job j1 = {(const __nv_bfloat16 *)A1, lda1, (const __nv_bfloat16 *)W1, ldw1, C1, ldc1, N1};
-        const cudaError_t e = kd_cu_gemm_skinny_pair(form, M, K, &j0, &j1, 0.f, cb->stream);
+        const bool with_conv = conv && conv_done && form == 5 && M <= 4;
+        const cudaError_t e = with_conv ? kd_cu_gemm_skinny_pair_conv(form, M, K, &j0, &j1, 0.f, conv, cb->stream)
+                                        : kd_cu_gemm_skinny_pair(form, M, K, &j0, &j1, 0.f, cb->stream);
+        if (e == cudaSuccess && with_conv) *conv_done = true;
         if (e != cudaSuccess)
             return kd_fail(err, "cuda backend: skinny GEMM pair %s (M %lld N %lld + %lld K %lld): %s", what,
                            (long long)M, (long long)N0, (long long)N1, (long long)K, cudaGetErrorString(e));
@@ -819,8 +849,12 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
         // attention block
         if (!(sk & KD_CUDA_SKIP_NORMS)) KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
-        if (!(sk & KD_CUDA_SKIP_IN_PROJ) &&
-            gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P, "input projection", err))
+        /* at few rows the gates' bf16 copy in the input projection's epilogue */
+        const bool copy_fused = bf && !(sk & KD_CUDA_SKIP_IN_PROJ) && copy_epi(cb, N, P, D, cb->h, D, Ly->w_in, D);
+        kd_skinny_epi cep = {};
+        cep.copy = (__nv_bfloat16 *)cb->fg0, cep.col0 = 2 * QK + VD, cep.ncols = 2 * V;
+        if (!(sk & KD_CUDA_SKIP_IN_PROJ) && gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P,
+                                                 "input projection", err, copy_fused ? &cep : nullptr))
             return -1;
         if (prefetch) { /* o_proj's weights and gate|up's first rows (in pf_gu_first's order) into the
                          * L2 while the layer's small kernels leave the memory idle (a hint: no result
@@ -838,18 +872,25 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         const void *fa;
         int64_t flda;
         if (bf) {
-            if (!(sk & KD_CUDA_SKIP_COPY_COLS)) KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, s));
+            if (!(sk & KD_CUDA_SKIP_COPY_COLS) && !copy_fused)
+                KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, s));
             fa = cb->fg0, flda = 2 * V;
         } else {
             fa = cb->proj + 2 * QK + VD, flda = P;
         }
+        /* the conv in the f/g products' launch where they take the row form (both read only the
+         * input projection's output; a per-layer conv fold would have to run between) */
+        const kd_cu_conv_args ca = {cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL,
+                                    (int)cb->W, xrec, b->max_window, cb->q, cb->k, cb->v};
+        const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !(sk & KD_CUDA_SKIP_CONV) && !(nvf && !fold_first);
+        bool conv_done = false;
         if (!(sk & KD_CUDA_SKIP_FG_PROJ) &&
             gemm_pair(cb, N, V, fa, flda, Ly->f1, V, HV * K, cb->graw, HV * K, act_at(cb, (void *)fa, V), flda, Ly->g1,
-                      V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err))
+                      V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err, conv_fuse ? &ca : nullptr, &conv_done))
             return -1;
         if (nvf && !fold_first)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        if (!(sk & KD_CUDA_SKIP_CONV))
+        if (!(sk & KD_CUDA_SKIP_CONV) && !conv_done)
             KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W,
                                 xrec, b->max_window, cb->q, cb->k, cb->v, s));
         if (npf)
@@ -1107,6 +1148,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->skinny = 1;
     cb->fold_layers = 1;
     cb->pair = 1;
+    cb->fuse = KD_CUDA_FUSE_DEFAULT;
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(cb->dev);
     if (e != cudaSuccess) what = "cudaSetDevice";
@@ -1183,6 +1225,14 @@ extern "C" int kd_cuda_set_pair(kd_backend *b, int on) { return set_switch(b, &c
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) { return set_switch(b, &cu_backend::skinny, on); }
 
 extern "C" int kd_cuda_set_fold_layers(kd_backend *b, int on) { return set_switch(b, &cu_backend::fold_layers, on); }
+
+extern "C" int kd_cuda_set_fuse(kd_backend *b, int mask) {
+    if (mask < 0 || mask > KD_CUDA_FUSE_ALL) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->fuse = mask;
+    return 0;
+}
 
 extern "C" int kd_cuda_set_skip(kd_backend *b, unsigned kernels) {
     cu_backend *cb = regraph(b);

@@ -30,7 +30,8 @@
 //     and finish equal.
 // (f) The skinny bf16 GEMM (gemv.cuh), every form, against a float64 reference: odd shapes,
 //     padded leading dimensions, beta 0 and 1; the products it must refuse; the gate|up product
-//     with SwiGLU in its epilogue (kd_cu_gemm_skinny_swiglu).
+//     with SwiGLU in its epilogue (kd_cu_gemm_skinny_swiglu); the bf16 copy epilogue
+//     (kd_cu_gemm_skinny_epi) against the C it stored, bit for bit.
 // (g) The verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers) against
 //     one launch a layer: bf16 backends replaying graphs, single-token logits bit for bit, then
 //     decode steps with every token and acceptance equal. The same for the L2 prefetch of
@@ -829,6 +830,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // first prefetching weights into the L2 (kd_cuda_set_prefetch mode 1-3) in every forward, the
 // second never (variant 6: mode 2 with gate|up's rows before o_proj's, kd_cuda_set_prefetch_order).
 // Variant 5: the same with f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) on the first only.
+// Variants 7 / 8: the same with the gates' bf16 copy in the input projection's epilogue / the
+// conv and f_proj.1 + g_proj.1 in one launch (kd_cuda_set_fuse) on the first only.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -842,21 +845,26 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
              kd_cuda_set_graphs(be[i], folds || i == 0) == 0 &&
              kd_cuda_set_fold_layers(be[i], variant != 1 || i == 0) == 0 &&
-             (variant < 2 || variant == 5 ||
-              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0, variant == 6 ? 2 : variant - 1) ==
+             (variant < 2 || variant == 5 || variant >= 7 ||
+              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0, variant >= 6 ? 2 : variant - 1) ==
                   0) &&
              kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
-             (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0);
+             (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0) &&
+             (variant < 7 || kd_cuda_set_fuse(be[i], i ? 0 : variant == 7 ? KD_CUDA_FUSE_COPY : KD_CUDA_FUSE_CONV) == 0);
     char tag[64], vs[96];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
     else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
     else snprintf(tag, sizeof tag, "%s", variant == 0   ? "graphs"
                                             : variant == 1 ? "conv folds"
+                                            : variant == 7 ? "copy epilogue"
+                                            : variant == 8 ? "conv + f/g launch"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
              : variant == 1 ? "bf16, all layers in one launch / one a layer"
              : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
+             : variant == 7 ? "bf16, the gates' copy in the input projection / its own kernel"
+             : variant == 8 ? "bf16, the conv and f_proj.1 + g_proj.1 in one launch / their own"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -1336,6 +1344,42 @@ static void skinny_swiglu_case(int M, int FF, int K, int pad, uint64_t seed) {
     (void)cudaGetLastError();
 }
 
+// kd_cu_gemm_skinny_epi: the copy epilogue (form 5) gives bf16 of the C it stored, bit for
+// bit, over a NaN-poisoned copy whose other columns stay; C itself against the float64
+// reference.
+static void skinny_epi_case(int M, int N, int K, int pad, float beta, uint64_t seed) {
+    Rng r(seed);
+    SkinnyProb p(M, N, K, pad, beta, r);
+    const int64_t c0 = N / 3, nc = N - N / 3 - 1 > 0 ? N - N / 3 - 1 : 1;
+    const size_t ny = (size_t)M * nc;
+    std::vector<uint16_t> y0(ny + 64, 0x7fc0), y(ny + 64);
+    void *dy = NULL;
+    bool ok = p.upload() && to_dev(&dy, y0);
+    kd_skinny_epi ep = {(__nv_bfloat16 *)dy, c0, nc};
+    cudaError_t e = cudaErrorUnknown;
+    if (ok) {
+        e = kd_cu_gemm_skinny_epi(5, M, N, K, (const __nv_bfloat16 *)p.da, p.lda, (const __nv_bfloat16 *)p.dw, p.ldw,
+                                  beta, (float *)p.dc, p.ldc, &ep, 0);
+        ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && p.fetch() &&
+             cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
+    }
+    size_t diff = 0;
+    for (int m = 0; ok && m < M; m++)
+        for (int64_t j = 0; j < nc; j++)
+            diff += y[(size_t)m * nc + j] != to_bf16_bits(p.c[(size_t)m * p.ldc + c0 + j]);
+    for (size_t i = ny; ok && i < y.size(); i++) diff += y[i] != y0[i]; /* past the copy: untouched */
+    double worst = 0;
+    size_t bad = 0, pad_touched = 0;
+    if (ok) p.check(worst, bad, pad_touched);
+    report(ok && diff == 0 && bad == 0 && pad_touched == 0,
+           "[skinny GEMM bf16 copy epilogue M=%d N=%d K=%d beta=%g] %s: %zu of %zu outputs differ from bf16 of C "
+           "(or past the copy), C's max error %.2e of the terms' magnitude (%zu over 1e-5), %zu padding elements "
+           "touched",
+           M, N, K, beta, ok ? "ran" : cudaGetErrorString(e), diff, y.size(), worst, bad, pad_touched);
+    cudaFree(dy);
+    (void)cudaGetLastError();
+}
+
 static void skinny_checks(uint64_t seed, bool quick) {
     struct S {
         int M, N, K, pad;
@@ -1368,6 +1412,31 @@ static void skinny_checks(uint64_t seed, bool quick) {
         report(e9 == cudaErrorInvalidValue && en == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
                "[skinny GEMM pair refuses form 9 and a product without C] %s, %s", cudaGetErrorName(e9),
                cudaGetErrorName(en));
+    }
+    /* the epilogues: the 48B preset's input projection / o_proj / down projection shapes and odd ones */
+    /* the copy epilogue: the 48B preset's input projection and an odd shape */
+    skinny_epi_case(1, 12576, 2304, 0, 0.f, seed + 400);
+    skinny_epi_case(3, 1001, 96, 8, 1.f, seed + 401);
+    { /* refused: another form, no copy, columns past N */
+        const __nv_bfloat16 *fake = (const __nv_bfloat16 *)(uintptr_t)256;
+        float *fc = (float *)(uintptr_t)256;
+        const kd_skinny_epi cp = {(__nv_bfloat16 *)(uintptr_t)256, 0, 8}, none = {NULL, 0, 8},
+                            past = {(__nv_bfloat16 *)(uintptr_t)256, 60, 8};
+        const cudaError_t e1 = kd_cu_gemm_skinny_epi(9, 1, 64, 256, fake, 256, fake, 256, 0.f, fc, 64, &cp, 0);
+        const cudaError_t e2 = kd_cu_gemm_skinny_epi(5, 1, 64, 256, fake, 256, fake, 256, 0.f, fc, 64, &none, 0);
+        const cudaError_t e3 = kd_cu_gemm_skinny_epi(5, 1, 64, 256, fake, 256, fake, 256, 0.f, fc, 64, &past, 0);
+        report(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue &&
+                   cudaGetLastError() == cudaSuccess,
+               "[skinny GEMM copy epilogue refused: form 9, no copy, columns past N] %s %s %s", cudaGetErrorName(e1),
+               cudaGetErrorName(e2), cudaGetErrorName(e3));
+        /* the pair with the conv: only in the row form, only with a conv to run */
+        const kd_skinny_job j = {fake, 256, fake, 256, fc, 64, 64};
+        const kd_cu_conv_args ca = {fc, 64, 1, 16, 16, NULL, fc, 64, NULL, 4, fc, 4, fc, fc, fc};
+        const cudaError_t e4 = kd_cu_gemm_skinny_pair_conv(4, 1, 256, &j, &j, 0.f, &ca, 0);
+        const cudaError_t e5 = kd_cu_gemm_skinny_pair_conv(5, 1, 256, &j, &j, 0.f, NULL, 0);
+        report(e4 == cudaErrorInvalidValue && e5 == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+               "[skinny GEMM pair with the conv refused: form 4, no conv] %s %s", cudaGetErrorName(e4),
+               cudaGetErrorName(e5));
     }
     const int sw[][4] = {{1, 9216, 2304, 8}, {1, 37, 256, 0}, {3, 100, 512, 8}, {4, 1000, 96, 0}};
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
@@ -1445,6 +1514,8 @@ int main(int argc, char **argv) {
     graph_case(specs[0], seed + 28, quick ? 8 : 30, 5);
     if (!quick) graph_case(specs[1], seed + 29, 30, 5);
     graph_case(specs[quick ? 0 : 1], seed + 30, quick ? 8 : 30, 6);
+    graph_case(specs[0], seed + 32, quick ? 8 : 30, 7);
+    graph_case(specs[quick ? 0 : 1], seed + 33, quick ? 8 : 30, 8);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

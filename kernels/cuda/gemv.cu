@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "kernels/cuda/conv.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -176,10 +177,12 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
 
 // SWIGLU (RW = 2, N even): W's rows interleave gate and up (row 2j gate_j, 2j + 1 up_j), and the
 // kernel writes act[m][j] = bf16(silu(gate) * up) into Y (leading dimension ldc) instead of C.
-template <int MT, int RW, int U, bool SWIGLU>
+// COPY: also bf16 copies of C's columns [ep.col0, ep.col0 + ep.ncols) into ep.copy (the value
+// stored in C, rounded).
+template <int MT, int RW, int U, bool SWIGLU, bool COPY = false>
 __device__ __forceinline__ void row_body(int bx, int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                          const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
-                                         __nv_bfloat16 *Y) {
+                                         __nv_bfloat16 *Y, const kd_skinny_epi &ep = kd_skinny_epi{}) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r0 = ((int64_t)bx * 8 + warp) * RW;
     float acc[RW][MT];
@@ -196,15 +199,20 @@ __device__ __forceinline__ void row_body(int bx, int M, int N, int K, const __nv
         for (int r = 0; r < RW; r++)
 #pragma unroll
             for (int m = 0; m < MT; m++)
-                if (lane == 0 && m < M && r0 + r < N) store_c(C + m * ldc + r0 + r, acc[r][m], beta);
+                if (lane == 0 && m < M && r0 + r < N) {
+                    float *c = C + m * ldc + r0 + r;
+                    store_c(c, acc[r][m], beta);
+                    if (COPY && r0 + r >= ep.col0 && r0 + r < ep.col0 + ep.ncols)
+                        ep.copy[m * ep.ncols + (r0 + r - ep.col0)] = __float2bfloat16_rn(*c);
+                }
     }
 }
 
-template <int MT, int RW, int U, bool SWIGLU = false>
+template <int MT, int RW, int U, bool SWIGLU = false, bool COPY = false>
 __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                                          const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
-                                                         int64_t ldc, __nv_bfloat16 *Y) {
-    row_body<MT, RW, U, SWIGLU>(blockIdx.x, M, N, K, A, lda, W, ldw, beta, C, ldc, Y);
+                                                         int64_t ldc, __nv_bfloat16 *Y, kd_skinny_epi ep) {
+    row_body<MT, RW, U, SWIGLU, COPY>(blockIdx.x, M, N, K, A, lda, W, ldw, beta, C, ldc, Y, ep);
 }
 
 template <int MT, int RW, int U>
@@ -216,6 +224,23 @@ __global__ void __launch_bounds__(256) skinny_row_pair_kernel(int M, int K, kd_s
     else
         row_body<MT, RW, U, false>(blockIdx.x - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc,
                                    nullptr);
+}
+
+// The conv (kd_conv_silu_block, its gx x gy blocks first) and a pair of products in one launch.
+template <int MT, int RW, int U>
+__global__ void __launch_bounds__(256) skinny_row_pair_conv_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1,
+                                                                   int nb0, float beta, kd_cu_conv_args ca, int gx,
+                                                                   int gy) {
+    const int b = (int)blockIdx.x, nc = gx * gy;
+    if (b < nc) {
+        kd_dep_start();
+        kd_conv_silu_block(ca, b % gx, b / gx, gy);
+    } else if (b - nc < nb0) {
+        row_body<MT, RW, U, false>(b - nc, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc, nullptr);
+    } else {
+        row_body<MT, RW, U, false>(b - nc - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc,
+                                   nullptr);
+    }
 }
 
 template <int NW, int U, bool CONTIG>
@@ -275,13 +300,15 @@ cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda
     }
 }
 
-template <int RW, int U, bool SWIGLU = false>
+template <int RW, int U, bool SWIGLU = false, bool COPY = false>
 cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
-                       float beta, float *C, int64_t ldc, cudaStream_t s, __nv_bfloat16 *Y = nullptr) {
+                       float beta, float *C, int64_t ldc, cudaStream_t s, __nv_bfloat16 *Y = nullptr,
+                       const kd_skinny_epi &ep = kd_skinny_epi{}) {
     const dim3 grid((unsigned)((n + 8 * RW - 1) / (8 * RW))), block(256);
     switch (m) {
-#define KD_SKINNY_ROW(MT) \
-    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc, Y)
+#define KD_SKINNY_ROW(MT)                                                                                            \
+    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU, COPY>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc, \
+                  Y, ep)
     case 1: return KD_SKINNY_ROW(1);
     case 2: return KD_SKINNY_ROW(2);
     default: return KD_SKINNY_ROW(4);
@@ -366,6 +393,40 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
     case 9: return launch_rowk<2, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 10: return launch_rowk<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t kd_cu_gemm_skinny_epi(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                  const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                                  const kd_skinny_epi *ep, cudaStream_t s) {
+    if (!ep || !ep->copy || form != 5 || !kd_cu_skinny_ok(M, N, K, A, lda, W, ldw, KD_SKINNY_MAX_M) || ldc < N ||
+        M > 4 || !C || ep->col0 < 0 || ep->ncols < 1 || ep->col0 + ep->ncols > N)
+        return cudaErrorInvalidValue;
+    return launch_row<2, 2, false, true>((int)M, (int)N, (int)K, A, lda, W, ldw, beta, C, ldc, s, nullptr, *ep);
+}
+
+cudaError_t kd_cu_gemm_skinny_pair_conv(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
+                                        const kd_skinny_job *j1, float beta, const kd_cu_conv_args *conv,
+                                        cudaStream_t s) {
+    if (!j0 || !j1 || !conv || form != 5 || M > 4 || conv->N < 1 || (conv->w && conv->W < 1))
+        return cudaErrorInvalidValue;
+    for (const kd_skinny_job *j : {j0, j1})
+        if (!kd_cu_skinny_ok(M, j->N, K, j->A, j->lda, j->W, j->ldw, KD_SKINNY_MAX_M) || j->ldc < j->N || !j->C)
+            return cudaErrorInvalidValue;
+    unsigned gx = 0, gy = 0;
+    kd_conv_grid(*conv, &gx, &gy);
+    const int64_t nb0 = (j0->N + 15) / 16, nb1 = (j1->N + 15) / 16, nc = (int64_t)gx * gy;
+    if (nb0 + nb1 + nc >= (1ll << 31)) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)(nc + nb0 + nb1)), block(256);
+    const int m = (int)M, k = (int)K;
+    switch (m) {
+#define KD_SKINNY_ROWC(MT)                                                                                            \
+    kd_launch_dep(skinny_row_pair_conv_kernel<MT, 2, 2>, grid, block, 0, s, m, k, *j0, *j1, (int)nb0, beta, *conv, \
+                  (int)gx, (int)gy)
+    case 1: return KD_SKINNY_ROWC(1);
+    case 2: return KD_SKINNY_ROWC(2);
+    default: return KD_SKINNY_ROWC(4);
+#undef KD_SKINNY_ROWC
     }
 }
 

@@ -27,6 +27,11 @@
 // the 16 keys of each mma for W and for A (physical 8q..8q+3 as the fragment's 2q, 2q + 1,
 // 2q + 8, 2q + 9) needs no shuffles. Bytes: W once, A once per 16 rows of W (from L2).
 //
+// Two fusions ride on the row form: kd_cu_gemm_skinny_epi writes bf16 copies of some of C's
+// columns as it stores them (the next kernel's input, instead of a copy kernel), and
+// kd_cu_gemm_skinny_pair_conv runs the KDA conv (conv.cuh) in the first blocks of a pair's
+// launch. Each saves a kernel boundary of a decode step (cuda_backend.cu).
+//
 // Measured and not kept: a streaming row form (a grid of what the device holds at once, each
 // warp an equal share of row pairs streamed across row boundaries, without the row form's
 // last partial wave): slower for every product of the 48B preset but gate|up on the H200
@@ -37,6 +42,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "kernels/cuda/ops.cuh"
 
 // The most activation rows kd_cu_gemm_skinny takes.
 #define KD_SKINNY_MAX_M 32
@@ -76,7 +83,22 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
                                    const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                                    cudaStream_t s);
 
-// One product of a pair (kd_cu_gemm_skinny_pair): C[M][N] = A[M][K] W[N][K]^T + beta C.
+// What a product of few rows does besides its sums (kd_cu_gemm_skinny_epi), in place of the
+// kernel after it: one launch and one kernel boundary fewer, the same bits. copy: bf16 copies
+// of the values stored in C's columns [col0, col0 + ncols) into copy [M][ncols] (what
+// kd_cu_copy_cols after the product writes).
+typedef struct kd_skinny_epi {
+    __nv_bfloat16 *copy;
+    int64_t col0, ncols;
+} kd_skinny_epi;
+
+// The product in `form` with the epilogue above: the row form 5 (M <= 4) only;
+// cudaErrorInvalidValue where the form or the columns do not fit.
+cudaError_t kd_cu_gemm_skinny_epi(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                  const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
+                                  const kd_skinny_epi *ep, cudaStream_t s);
+
+// One product of a pair (kd_cu_gemm_skinny_pair, kd_cu_gemm_skinny_pair_conv): C[M][N] = A[M][K] W[N][K]^T + beta C.
 typedef struct kd_skinny_job {
     const __nv_bfloat16 *A;
     int64_t lda;
@@ -94,5 +116,13 @@ typedef struct kd_skinny_job {
 // either product is not taken (kd_cu_skinny_ok, C null or ldc < N).
 cudaError_t kd_cu_gemm_skinny_pair(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1,
                                    float beta, cudaStream_t s);
+
+// The pair in the row form 5 (M <= 4; form must be 5) and kd_cu_conv_silu(conv) in one launch:
+// the conv's blocks first, then the products'; the conv and the products are independent
+// (both read the input projection's output, write different arrays), so one kernel boundary
+// fewer. The same bits as the two launches. cudaErrorInvalidValue where either is refused.
+cudaError_t kd_cu_gemm_skinny_pair_conv(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
+                                        const kd_skinny_job *j1, float beta, const kd_cu_conv_args *conv,
+                                        cudaStream_t s);
 
 #endif

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include "kernels/cuda/conv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
@@ -122,91 +123,10 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
     }
 }
 
-// Grid: x over channels, y over groups of kConvTokens tokens (no division per element; a
-// token's record is the same for the whole block). A thread takes its channel's weights once
-// and a group's tokens together: their inputs, then their histories, all loads in flight
-// before the first product (one token a thread at a time, each load waiting on the last, the
-// kernel ran at a quarter of the memory bandwidth with 128 tokens: cuda_bench's left-out
-// table). The same arithmetic, in the same order, for every token.
-constexpr int kConvTokens = 4, kConvWidthMax = 4; /* tokens a group; the widest conv taken this way */
-__global__ void conv_silu_kernel(const float *__restrict__ proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
-                                 const kd_cu_tok *__restrict__ toks, const float *__restrict__ win, int64_t ws,
-                                 const float *__restrict__ w, int W, float *__restrict__ xrec, int Tw,
-                                 float *__restrict__ q, float *__restrict__ k, float *__restrict__ v) {
+// The conv + SiLU alone (conv.cuh; f_proj.1 + g_proj.1's launch may run it instead).
+__global__ void conv_silu_kernel(const kd_cu_conv_args a) {
     kd_dep_start();
-    constexpr int G = kConvTokens, WM = kConvWidthMax;
-    const int64_t C = 2 * QK + VD, Hw = W - 1;
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float *const dst = c < QK ? q + c : c < 2 * QK ? k + (c - QK) : v + (c - 2 * QK);
-    const int64_t dld = c < 2 * QK ? QK : VD;
-    if (!w || W <= WM) {
-        float wc[WM - 1]; /* the history's taps; wl the current input's */
-#pragma unroll
-        for (int j = 0; j < WM - 1; j++) wc[j] = w && j < Hw ? w[c * W + j] : 0.f;
-        const float wl = w ? w[c * W + Hw] : 0.f;
-        for (int64_t t0 = (int64_t)blockIdx.y * G; t0 < N; t0 += (int64_t)gridDim.y * G) {
-            const int ng = N - t0 < G ? (int)(N - t0) : G;
-            float xt[G], xv[G][WM - 1];
-            kd_cu_tok tk[G];
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (g < ng) {
-                    xt[g] = proj[(t0 + g) * P + c];
-                    if (w) tk[g] = toks[t0 + g];
-                }
-            if (w) {
-#pragma unroll
-                for (int g = 0; g < G; g++)
-#pragma unroll
-                    for (int j = 0; j < WM - 1; j++)
-                        if (g < ng && j < Hw) {
-                            // history j holds the input at row position pos - Hw + j
-                            const int64_t tau = tk[g].pos - Hw + j;
-                            xv[g][j] = tau >= 0 ? proj[(tk[g].start + tau) * P + c]
-                                                : win[(int64_t)tk[g].slot * ws + c * Hw + Hw + tau];
-                        }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                if (g >= ng) break;
-                float y;
-                if (w) {
-                    float acc = wl * xt[g];
-#pragma unroll
-                    for (int j = 0; j < WM - 1; j++)
-                        if (j < Hw) acc += wc[j] * xv[g][j];
-                    y = silu_(acc);
-                    if (tk[g].verify) xrec[((int64_t)tk[g].slot * Tw + tk[g].pos) * C + c] = xt[g];
-                } else {
-                    y = silu_(xt[g]);
-                }
-                dst[(t0 + g) * dld] = y;
-            }
-        }
-        return;
-    }
-    for (int64_t t = blockIdx.y; t < N; t += gridDim.y) { /* wider convs: a token at a time */
-        const float xt = proj[t * P + c];
-        float y;
-        if (w) {
-            const kd_cu_tok tk = toks[t];
-            const float *wc = w + c * W;
-            const float *hist = win + (int64_t)tk.slot * ws + c * Hw;
-            float acc = wc[Hw] * xt;
-            for (int64_t j = 0; j < Hw; j++) {
-                // history j holds the input at row position pos - Hw + j
-                const int64_t tau = tk.pos - Hw + j;
-                const float xv = tau >= 0 ? proj[(tk.start + tau) * P + c] : hist[Hw + tau];
-                acc += wc[j] * xv;
-            }
-            y = silu_(acc);
-            if (tk.verify) xrec[((int64_t)tk.slot * Tw + tk.pos) * C + c] = xt;
-        } else {
-            y = silu_(xt);
-        }
-        dst[t * dld] = y;
-    }
+    kd_conv_silu_block(a, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.y);
 }
 
 // Layer l's windows and records at win + l * lwin, xrec + l * lxrec (L layers at once: the
@@ -370,9 +290,10 @@ cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK,
                             float *q, float *k, float *v, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (w && W < 1) return cudaErrorInvalidValue;
-    const int64_t groups = !w || W <= kConvWidthMax ? (N + kConvTokens - 1) / kConvTokens : N; /* conv_silu_kernel */
-    return kd_launch_dep(conv_silu_kernel, grid_2d(2 * QK + VD, groups), dim3(kBlock), 0, s, proj, P, N, QK, VD, toks,
-                         win, win_stride, w, W, xrec, Tw, q, k, v);
+    const kd_cu_conv_args a = {proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw, q, k, v};
+    unsigned gx = 0, gy = 0;
+    kd_conv_grid(a, &gx, &gy);
+    return kd_launch_dep(conv_silu_kernel, dim3(gx, gy), dim3(kd_conv_block), 0, s, a);
 }
 
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t win_stride,

@@ -54,6 +54,20 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
 // k [N][QK], v [N][VD]; a verify row's inputs go to xrec(slot)[pos]. w == NULL: no conv,
 // y = silu(x) (win, xrec unused). The windows are only read; slot s's window is at
 // win + s * win_stride ([C][W-1]).
+// kd_cu_conv_silu's arguments, as one (kernels/cuda/conv.cuh).
+typedef struct kd_cu_conv_args {
+    const float *proj;
+    int64_t P, N, QK, VD;
+    const kd_cu_tok *toks;
+    const float *win;
+    int64_t ws;
+    const float *w;
+    int W;
+    float *xrec;
+    int Tw;
+    float *q, *k, *v;
+} kd_cu_conv_args;
+
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
                             const kd_cu_tok *toks, const float *win, int64_t win_stride, const float *w, int W,
                             float *xrec, int Tw, float *q, float *k, float *v, cudaStream_t s);

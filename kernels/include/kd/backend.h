@@ -242,6 +242,18 @@ int kd_cuda_set_skinny(kd_backend *b, int on);
  * default), or one launch a layer (off): the same copies either way (cuda_test compares the
  * two); drops the captured graphs. Benchmarks and tests. */
 int kd_cuda_set_fold_layers(kd_backend *b, int on);
+/* Neighbouring kernels run as one where the skinny GEMM's row form takes the products (few
+ * activation rows): KD_CUDA_FUSE_COPY, the gates' bf16 copy in the input projection's
+ * epilogue; KD_CUDA_FUSE_CONV, the conv and f_proj.1 + g_proj.1 in one launch (each block
+ * one or the other). Else each its own kernel. The same bits either way (cuda_test compares
+ * them); drops the captured graphs; -1 for an unknown bit. Benchmarks and tests. */
+enum {
+    KD_CUDA_FUSE_COPY = 1,
+    KD_CUDA_FUSE_CONV = 2,
+    KD_CUDA_FUSE_ALL = 3,
+    KD_CUDA_FUSE_DEFAULT = KD_CUDA_FUSE_ALL
+};
+int kd_cuda_set_fuse(kd_backend *b, int mask);
 /* Benchmarks only, to place a step's time without a timeline profiler: leaves the named
  * kernels of every layer (or the head's product) out of the step, so its results are WRONG;
  * the time a step loses is what those kernels cost on its critical path. 0 (the default)
