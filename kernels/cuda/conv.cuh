@@ -9,19 +9,19 @@
 #include "kernels/cuda/ops.cuh"
 
 constexpr int kd_conv_tokens = 4, kd_conv_width_max = 4; /* tokens a group; the widest conv taken that way */
-constexpr int kd_conv_block = 256;                           /* threads a block */
+constexpr int kd_conv_block = 256;                           /* threads a block of kd_cu_conv_silu */
 
 __device__ __forceinline__ float kd_silu_(float x) { return x * (1.f / (1.f + expf(-x))); } /* as ops.cu's silu_ */
 
-// The grid of kd_cu_conv_silu: x blocks over the channels, y over the token groups (at most
-// 65535; the blocks loop over the rest).
-inline void kd_conv_grid(const kd_cu_conv_args &a, unsigned *gx, unsigned *gy) {
-    const int64_t C = 2 * a.QK + a.VD, x = (C + kd_conv_block - 1) / kd_conv_block;
+// The conv's grid for blocks of `threads`: x blocks over the channels, y over the token
+// groups (at most 65535; the blocks loop over the rest).
+inline void kd_conv_grid(const kd_cu_conv_args &a, int threads, unsigned *gx, unsigned *gy) {
+    const int64_t C = 2 * a.QK + a.VD, x = (C + threads - 1) / threads;
     const int64_t rows = !a.w || a.W <= kd_conv_width_max ? (a.N + kd_conv_tokens - 1) / kd_conv_tokens : a.N;
     *gx = (unsigned)(x < 1 ? 1 : x), *gy = (unsigned)(rows < 1 ? 1 : rows > 65535 ? 65535 : rows);
 }
 
-// Block (bx, by) of a grid of gy rows of blocks: x over channels (blocks of 256), y over
+// Block (bx, by) of a grid of gy rows of blocks: x over channels (blockDim.x each), y over
 // groups of kd_conv_tokens tokens (no division per element; a token's record is the same for
 // the whole block). A thread takes its channel's weights once
 // and a group's tokens together: their inputs, then their histories, all loads in flight

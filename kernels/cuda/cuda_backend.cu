@@ -48,13 +48,14 @@
 // first): 1.787 -> 1.744 ms a step of the 48B preset at B = 1 on an H200 (1.804 without any
 // prefetch). With more rows their states' traffic evicts the weights first (no gain measured
 // from B = 32 on), so it is off there.
-// Where the skinny kernel's row form takes the products (one activation row at the 48B preset),
-// two kernels go into launches next to them (kd_cuda_set_fuse; the same bits either way): the
-// gates' bf16 copy (f_proj.0 | g_proj.0's columns) into the input projection's epilogue
-// (kd_cu_gemm_skinny_epi), and the conv into f_proj.1 + g_proj.1's launch, its blocks first
-// (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). 48B step at
-// B = 1 on an H200, in one run: 1.753 ms with neither, 1.724 the copy alone, 1.717 the conv
-// alone, 1.664 both (tests/bench/results/kimi48b_cuda_h200.md).
+// Two small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either
+// way): where the skinny kernel's row form takes the input projection (one activation row at
+// the 48B preset), the gates' bf16 copy (f_proj.0 | g_proj.0's columns) into its epilogue
+// (kd_cu_gemm_skinny_epi); where the skinny kernel takes f_proj.1 + g_proj.1 (at most 8 rows),
+// the conv into their launch, its blocks first (kd_cu_gemm_skinny_pair_conv: both read only
+// the input projection's output). 48B step on an H200, each in one run: at B = 1 s = 0 1.746 ms
+// with neither, 1.723 the copy alone, 1.718 the conv alone, 1.664 both; at B = 1 s = 3 (4 rows,
+// the conv alone) 2.161 -> 2.067 (tests/bench/results/kimi48b_cuda_h200.md).
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
 // conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
 // RMSNorm inside the skinny products, were each slower on an H200 (every block of a product
@@ -668,8 +669,8 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
 
 // Two products of the same M and K with beta 0 (f_proj.1 and g_proj.1): one launch where the
 // skinny kernel takes both in the same form (kd_cu_gemm_skinny_pair), else one after the other.
-// conv (optional): the conv to run in that launch too where the form is the row form
-// (kd_cu_gemm_skinny_pair_conv; *conv_done says whether it ran).
+// conv (optional): the conv to run in that launch too where the pair's form takes it
+// (kd_cu_gemm_skinny_pair_conv: forms 1-5; *conv_done says whether it ran).
 int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0, const void *W0, int64_t ldw0,
               int64_t N0, float *C0, int64_t ldc0, const void *A1, int64_t lda1, const void *W1, int64_t ldw1,
               int64_t N1, float *C1, int64_t ldc1, const char *what, kd_err *err,
@@ -682,7 +683,9 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
         kd_cu_skinny_ok(M, N1, K, A1, lda1, W1, ldw1, KD_SKINNY_MAX_M)) {
         const kd_skinny_job j0 = {(const __nv_bfloat16 *)A0, lda0, (const __nv_bfloat16 *)W0, ldw0, C0, ldc0, N0};
         const kd_skinny_job j1 = {(const __nv_bfloat16 *)A1, lda1, (const __nv_bfloat16 *)W1, ldw1, C1, ldc1, N1};
-        const bool with_conv = conv && conv_done && form == 5 && M <= 4;
+        /* at most 8 rows: at 32 the conv's blocks slowed the pair's (3.370 vs 3.320 ms a 48B step at
+         * B = 32 on an H200) */
+        const bool with_conv = conv && conv_done && M <= 8 && (form <= 4 || (form == 5 && M <= 4));
         const cudaError_t e = with_conv ? kd_cu_gemm_skinny_pair_conv(form, M, K, &j0, &j1, 0.f, conv, cb->stream)
                                         : kd_cu_gemm_skinny_pair(form, M, K, &j0, &j1, 0.f, cb->stream);
         if (e == cudaSuccess && with_conv) *conv_done = true;
@@ -878,8 +881,8 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         } else {
             fa = cb->proj + 2 * QK + VD, flda = P;
         }
-        /* the conv in the f/g products' launch where they take the row form (both read only the
-         * input projection's output; a per-layer conv fold would have to run between) */
+        /* the conv in the f/g products' launch where the skinny kernel takes them (both read only
+         * the input projection's output; a per-layer conv fold would have to run between) */
         const kd_cu_conv_args ca = {cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL,
                                     (int)cb->W, xrec, b->max_window, cb->q, cb->k, cb->v};
         const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !(sk & KD_CUDA_SKIP_CONV) && !(nvf && !fold_first);

@@ -243,6 +243,22 @@ __global__ void __launch_bounds__(256) skinny_row_pair_conv_kernel(int M, int K,
     }
 }
 
+// The same with the pair in the tensor-core form (blocks of NW warps; the conv's grid for them).
+template <int NT, int NW, int U, bool CONTIG>
+__global__ void __launch_bounds__(NW * 32) skinny_tc_pair_conv_kernel(int M, int KB, kd_skinny_job j0,
+                                                                      kd_skinny_job j1, int nb0, float beta,
+                                                                      kd_cu_conv_args ca, int gx, int gy) {
+    const int b = (int)blockIdx.x, nc = gx * gy;
+    if (b < nc) {
+        kd_dep_start();
+        kd_conv_silu_block(ca, b % gx, b / gx, gy);
+    } else if (b - nc < nb0) {
+        tc_body<NT, NW, U, CONTIG>(b - nc, M, (int)j0.N, KB, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc);
+    } else {
+        tc_body<NT, NW, U, CONTIG>(b - nc - nb0, M, (int)j1.N, KB, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc);
+    }
+}
+
 template <int NW, int U, bool CONTIG>
 cudaError_t launch_tc(int m, int n, int kb, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
                       float beta, float *C, int64_t ldc, cudaStream_t s) {
@@ -332,6 +348,21 @@ cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skin
     }
 }
 
+template <int NW, int U, bool CONTIG>
+cudaError_t launch_tc_pair_conv(int m, int kb, const kd_skinny_job &j0, const kd_skinny_job &j1, int nb0, float beta,
+                                const kd_cu_conv_args &ca, int gx, int gy, dim3 grid, cudaStream_t s) {
+    const dim3 block(NW * 32);
+    switch ((m + 7) / 8) {
+#define KD_SKINNY_TCC(NT) \
+    kd_launch_dep(skinny_tc_pair_conv_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta, ca, gx, gy)
+    case 1: return KD_SKINNY_TCC(1);
+    case 2: return KD_SKINNY_TCC(2);
+    case 3: return KD_SKINNY_TCC(3);
+    default: return KD_SKINNY_TCC(4);
+#undef KD_SKINNY_TCC
+    }
+}
+
 template <int RW, int U>
 cudaError_t launch_row_pair(int m, int k, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta,
                             cudaStream_t s) {
@@ -408,26 +439,36 @@ cudaError_t kd_cu_gemm_skinny_epi(int form, int64_t M, int64_t N, int64_t K, con
 cudaError_t kd_cu_gemm_skinny_pair_conv(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
                                         const kd_skinny_job *j1, float beta, const kd_cu_conv_args *conv,
                                         cudaStream_t s) {
-    if (!j0 || !j1 || !conv || form != 5 || M > 4 || conv->N < 1 || (conv->w && conv->W < 1))
+    if (!j0 || !j1 || !conv || form < 1 || form > 5 || (form == 5 && M > 4) || conv->N < 1 ||
+        (conv->w && conv->W < 1))
         return cudaErrorInvalidValue;
     for (const kd_skinny_job *j : {j0, j1})
         if (!kd_cu_skinny_ok(M, j->N, K, j->A, j->lda, j->W, j->ldw, KD_SKINNY_MAX_M) || j->ldc < j->N || !j->C)
             return cudaErrorInvalidValue;
+    const int threads = form == 5 || form <= 2 ? 256 : 128; /* the row form's 8 warps; tc forms 1-2: 8, 3-4: 4 */
     unsigned gx = 0, gy = 0;
-    kd_conv_grid(*conv, &gx, &gy);
+    kd_conv_grid(*conv, threads, &gx, &gy);
     const int64_t nb0 = (j0->N + 15) / 16, nb1 = (j1->N + 15) / 16, nc = (int64_t)gx * gy;
     if (nb0 + nb1 + nc >= (1ll << 31)) return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)(nc + nb0 + nb1)), block(256);
-    const int m = (int)M, k = (int)K;
-    switch (m) {
-#define KD_SKINNY_ROWC(MT)                                                                                            \
-    kd_launch_dep(skinny_row_pair_conv_kernel<MT, 2, 2>, grid, block, 0, s, m, k, *j0, *j1, (int)nb0, beta, *conv, \
-                  (int)gx, (int)gy)
-    case 1: return KD_SKINNY_ROWC(1);
-    case 2: return KD_SKINNY_ROWC(2);
-    default: return KD_SKINNY_ROWC(4);
+    const dim3 grid((unsigned)(nc + nb0 + nb1)), block(threads);
+    const int m = (int)M, k = (int)K, kb = (int)(K / 32), n0 = (int)nb0, x = (int)gx, y = (int)gy;
+    if (form == 5) {
+        switch (m) {
+#define KD_SKINNY_ROWC(MT) \
+    kd_launch_dep(skinny_row_pair_conv_kernel<MT, 2, 2>, grid, block, 0, s, m, k, *j0, *j1, n0, beta, *conv, x, y)
+        case 1: return KD_SKINNY_ROWC(1);
+        case 2: return KD_SKINNY_ROWC(2);
+        default: return KD_SKINNY_ROWC(4);
 #undef KD_SKINNY_ROWC
+        }
     }
+    switch (form) { /* the tensor-core forms as kd_cu_gemm_skinny_pair's */
+    case 1: return launch_tc_pair_conv<8, 4, false>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
+    case 2: return launch_tc_pair_conv<8, 2, false>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
+    case 3: return launch_tc_pair_conv<4, 4, true>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
+    case 4: return launch_tc_pair_conv<4, 2, false>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
+    }
+    return cudaErrorInvalidValue;
 }
 
 cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,

@@ -292,7 +292,7 @@ cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK,
     if (w && W < 1) return cudaErrorInvalidValue;
     const kd_cu_conv_args a = {proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw, q, k, v};
     unsigned gx = 0, gy = 0;
-    kd_conv_grid(a, &gx, &gy);
+    kd_conv_grid(a, kd_conv_block, &gx, &gy);
     return kd_launch_dep(conv_silu_kernel, dim3(gx, gy), dim3(kd_conv_block), 0, s, a);
 }
 
