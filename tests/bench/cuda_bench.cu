@@ -366,7 +366,7 @@ int main(int argc, char **argv) {
                    "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
                    "(graphs, no L2 prefetch), %.3f ms (graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms (graphs, "
                    "no fusion), %.3f / %.3f ms (graphs, only the copy / the conv fused); %.2f GB/step; roofline "
-                   "%.3f ms: %.0f %%\n",
+                   "%.3f ms: %.1f %%\n",
                    Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], bytes / 1e9, roof,
                    100 * frac);
             snprintf(buf, sizeof buf,
@@ -384,7 +384,7 @@ int main(int argc, char **argv) {
             first = false;
             snprintf(buf, sizeof buf,
                      "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f "
-                     "| %.0f %% |\n",
+                     "| %.1f %% |\n",
                      Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], bytes / 1e9,
                      roof, 100 * frac);
             md += buf;
