@@ -4,6 +4,7 @@
 #ifndef KD_CUDA_CONV_CUH
 #define KD_CUDA_CONV_CUH
 
+#include <math.h>
 #include <stdint.h>
 
 #include "kernels/cuda/ops.cuh"
@@ -23,11 +24,11 @@ inline void kd_conv_grid(const kd_cu_conv_args &a, int threads, unsigned *gx, un
 
 // Block (bx, by) of a grid of gy rows of blocks: x over channels (blockDim.x each), y over
 // groups of kd_conv_tokens tokens (no division per element; a token's record is the same for
-// the whole block). A thread takes its channel's weights once
-// and a group's tokens together: their inputs, then their histories, all loads in flight
-// before the first product (one token a thread at a time, each load waiting on the last, the
-// kernel ran at a quarter of the memory bandwidth with 128 tokens: cuda_bench's left-out
-// table). The same arithmetic, in the same order, for every token.
+// the whole block). A thread takes its channel's weights once and a group's tokens together:
+// their inputs, then their histories, all loads in flight before the first product (one token
+// a thread at a time, each load waiting on the last, the kernel ran at a quarter of the memory
+// bandwidth with 128 tokens: cuda_bench's left-out table). The same arithmetic, in the same
+// order, for every token.
 __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int bx, int by, int gy) {
     const float *__restrict__ proj = a.proj;
     const kd_cu_tok *__restrict__ toks = a.toks;

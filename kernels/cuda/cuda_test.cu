@@ -36,8 +36,10 @@
 //     one launch a layer: bf16 backends replaying graphs, single-token logits bit for bit, then
 //     decode steps with every token and acceptance equal. The same for the L2 prefetch of
 //     weights (kd_cuda_set_prefetch, each mode) in every forward against none, and for
-//     f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) against two. The skinny kernel's
-//     pairs (kd_cu_gemm_skinny_pair), every form that pairs, against float64 references.
+//     f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) against two, and for the gates' bf16
+//     copy in the input projection's epilogue and the conv in f_proj.1 + g_proj.1's launch
+//     (kd_cuda_set_fuse) against their own kernels. The skinny kernel's pairs
+//     (kd_cu_gemm_skinny_pair), every form that pairs, against float64 references.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -850,7 +852,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                   0) &&
              kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
              (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0) &&
-             (variant < 7 || kd_cuda_set_fuse(be[i], i ? 0 : variant == 7 ? KD_CUDA_FUSE_COPY : KD_CUDA_FUSE_CONV) == 0);
+             (variant < 7 ||
+              kd_cuda_set_fuse(be[i], i ? 0 : variant == 7 ? KD_CUDA_FUSE_COPY : KD_CUDA_FUSE_CONV) == 0);
     char tag[64], vs[96];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
     else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
@@ -1413,7 +1416,6 @@ static void skinny_checks(uint64_t seed, bool quick) {
                "[skinny GEMM pair refuses form 9 and a product without C] %s, %s", cudaGetErrorName(e9),
                cudaGetErrorName(en));
     }
-    /* the epilogues: the 48B preset's input projection / o_proj / down projection shapes and odd ones */
     /* the copy epilogue: the 48B preset's input projection and an odd shape */
     skinny_epi_case(1, 12576, 2304, 0, 0.f, seed + 400);
     skinny_epi_case(3, 1001, 96, 8, 1.f, seed + 401);

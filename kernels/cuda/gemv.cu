@@ -322,9 +322,9 @@ cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda,
                        const kd_skinny_epi &ep = kd_skinny_epi{}) {
     const dim3 grid((unsigned)((n + 8 * RW - 1) / (8 * RW))), block(256);
     switch (m) {
-#define KD_SKINNY_ROW(MT)                                                                                            \
-    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU, COPY>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc, \
-                  Y, ep)
+#define KD_SKINNY_ROW(MT)                                                                                   \
+    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU, COPY>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, \
+                  ldc, Y, ep)
     case 1: return KD_SKINNY_ROW(1);
     case 2: return KD_SKINNY_ROW(2);
     default: return KD_SKINNY_ROW(4);
@@ -353,8 +353,9 @@ cudaError_t launch_tc_pair_conv(int m, int kb, const kd_skinny_job &j0, const kd
                                 const kd_cu_conv_args &ca, int gx, int gy, dim3 grid, cudaStream_t s) {
     const dim3 block(NW * 32);
     switch ((m + 7) / 8) {
-#define KD_SKINNY_TCC(NT) \
-    kd_launch_dep(skinny_tc_pair_conv_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta, ca, gx, gy)
+#define KD_SKINNY_TCC(NT)                                                                                        \
+    kd_launch_dep(skinny_tc_pair_conv_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta, ca, gx, \
+                  gy)
     case 1: return KD_SKINNY_TCC(1);
     case 2: return KD_SKINNY_TCC(2);
     case 3: return KD_SKINNY_TCC(3);

@@ -364,7 +364,8 @@ int main(int argc, char **argv) {
             const double frac = roof / ms[1];
             printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
                    "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
-                   "(graphs, no L2 prefetch), %.3f ms (graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms (graphs, "
+                   "(graphs, no L2 prefetch), %.3f ms (graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms "
+                   "(graphs, "
                    "no fusion), %.3f / %.3f ms (graphs, only the copy / the conv fused); %.2f GB/step; roofline "
                    "%.3f ms: %.1f %%\n",
                    Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], bytes / 1e9, roof,
@@ -377,13 +378,15 @@ int main(int argc, char **argv) {
                      "\"step_ms_graphs_copy_fused\": %.4f, \"step_ms_graphs_conv_fused\": %.4f, "
                      "\"step_ms_products_only\": %.4f, "
                      "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
-                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9],
+                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8],
+                     ms[9],
                      only[0],
                      only[1], roof, frac);
             json += buf;
             first = false;
             snprintf(buf, sizeof buf,
-                     "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f "
+                     "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f "
+                     "| %.3f "
                      "| %.1f %% |\n",
                      Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], bytes / 1e9,
                      roof, 100 * frac);
