@@ -669,8 +669,8 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
 
 // Two products of the same M and K with beta 0 (f_proj.1 and g_proj.1): one launch where the
 // skinny kernel takes both in the same form (kd_cu_gemm_skinny_pair), else one after the other.
-// conv (optional): the conv to run in that launch too where the pair's form takes it
-// (kd_cu_gemm_skinny_pair_conv: forms 1-5; *conv_done says whether it ran).
+// conv (optional): the conv to run in that launch too, at most 8 rows
+// (kd_cu_gemm_skinny_pair_conv; *conv_done says whether it ran).
 int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0, const void *W0, int64_t ldw0,
               int64_t N0, float *C0, int64_t ldc0, const void *A1, int64_t lda1, const void *W1, int64_t ldw1,
               int64_t N1, float *C1, int64_t ldc1, const char *what, kd_err *err,
@@ -685,13 +685,14 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
         const kd_skinny_job j1 = {(const __nv_bfloat16 *)A1, lda1, (const __nv_bfloat16 *)W1, ldw1, C1, ldc1, N1};
         /* at most 8 rows: at 32 the conv's blocks slowed the pair's (3.370 vs 3.320 ms a 48B step at
          * B = 32 on an H200) */
-        const bool with_conv = conv && conv_done && M <= 8 && (form <= 4 || (form == 5 && M <= 4));
+        const bool with_conv = conv && conv_done && M <= 8;
         const cudaError_t e = with_conv ? kd_cu_gemm_skinny_pair_conv(form, M, K, &j0, &j1, 0.f, conv, cb->stream)
                                         : kd_cu_gemm_skinny_pair(form, M, K, &j0, &j1, 0.f, cb->stream);
         if (e == cudaSuccess && with_conv) *conv_done = true;
         if (e != cudaSuccess)
-            return kd_fail(err, "cuda backend: skinny GEMM pair %s (M %lld N %lld + %lld K %lld): %s", what,
-                           (long long)M, (long long)N0, (long long)N1, (long long)K, cudaGetErrorString(e));
+            return kd_fail(err, "cuda backend: skinny GEMM pair %s%s (M %lld N %lld + %lld K %lld): %s", what,
+                           with_conv ? " with the conv" : "", (long long)M, (long long)N0, (long long)N1, (long long)K,
+                           cudaGetErrorString(e));
         return 0;
     }
     return gemm(cb, M, N0, K, A0, lda0, W0, ldw0, 0.f, C0, ldc0, what, err) ||

@@ -1431,13 +1431,13 @@ static void skinny_checks(uint64_t seed, bool quick) {
                    cudaGetLastError() == cudaSuccess,
                "[skinny GEMM copy epilogue refused: form 9, no copy, columns past N] %s %s %s", cudaGetErrorName(e1),
                cudaGetErrorName(e2), cudaGetErrorName(e3));
-        /* the pair with the conv: only in forms 1-5, only with a conv to run */
+        /* the pair with the conv: only in the forms that pair, only with a conv to run */
         const kd_skinny_job j = {fake, 256, fake, 256, fc, 64, 64};
         const kd_cu_conv_args ca = {fc, 64, 1, 16, 16, NULL, fc, 64, NULL, 4, fc, 4, fc, fc, fc};
-        const cudaError_t e4 = kd_cu_gemm_skinny_pair_conv(6, 1, 256, &j, &j, 0.f, &ca, 0);
+        const cudaError_t e4 = kd_cu_gemm_skinny_pair_conv(9, 1, 256, &j, &j, 0.f, &ca, 0);
         const cudaError_t e5 = kd_cu_gemm_skinny_pair_conv(5, 1, 256, &j, &j, 0.f, NULL, 0);
         report(e4 == cudaErrorInvalidValue && e5 == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
-               "[skinny GEMM pair with the conv refused: form 6, no conv] %s %s", cudaGetErrorName(e4),
+               "[skinny GEMM pair with the conv refused: form 9, no conv] %s %s", cudaGetErrorName(e4),
                cudaGetErrorName(e5));
     }
     const int sw[][4] = {{1, 9216, 2304, 8}, {1, 37, 256, 0}, {3, 100, 512, 8}, {4, 1000, 96, 0}};

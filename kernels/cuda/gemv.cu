@@ -103,14 +103,26 @@ __global__ void __launch_bounds__(NW * 32) skinny_tc_kernel(int M, int N, int KB
     tc_body<NT, NW, U, CONTIG>(blockIdx.x, M, N, KB, A, lda, W, ldw, beta, C, ldc);
 }
 
-// Two products in one launch: blocks [0, nb0) take the first, the rest the second.
+// Two products in one launch, and optionally the conv before them: blocks [0, cg.x cg.y) run
+// the conv (kd_conv_silu_block; none when cg.x is 0), the next nb0 the first product, the rest
+// the second.
+struct conv_grid {
+    int x, y;
+};
+
 template <int NT, int NW, int U, bool CONTIG>
 __global__ void __launch_bounds__(NW * 32) skinny_tc_pair_kernel(int M, int KB, kd_skinny_job j0, kd_skinny_job j1,
-                                                                 int nb0, float beta) {
-    if ((int)blockIdx.x < nb0)
-        tc_body<NT, NW, U, CONTIG>(blockIdx.x, M, (int)j0.N, KB, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc);
-    else
-        tc_body<NT, NW, U, CONTIG>(blockIdx.x - nb0, M, (int)j1.N, KB, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc);
+                                                                 int nb0, float beta, kd_cu_conv_args ca,
+                                                                 conv_grid cg) {
+    const int b = (int)blockIdx.x - cg.x * cg.y;
+    if (b < 0) {
+        kd_dep_start();
+        kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y);
+    } else if (b < nb0) {
+        tc_body<NT, NW, U, CONTIG>(b, M, (int)j0.N, KB, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc);
+    } else {
+        tc_body<NT, NW, U, CONTIG>(b - nb0, M, (int)j1.N, KB, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc);
+    }
 }
 
 // ---- the row form (M <= MT <= 4): each warp takes RW rows of W whole, a lane 16 bytes of a
@@ -217,46 +229,27 @@ __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, co
 
 template <int MT, int RW, int U>
 __global__ void __launch_bounds__(256) skinny_row_pair_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1, int nb0,
-                                                              float beta) {
-    if ((int)blockIdx.x < nb0)
-        row_body<MT, RW, U, false>(blockIdx.x, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc,
-                                   nullptr);
-    else
-        row_body<MT, RW, U, false>(blockIdx.x - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc,
-                                   nullptr);
-}
-
-// The conv (kd_conv_silu_block, its gx x gy blocks first) and a pair of products in one launch.
-template <int MT, int RW, int U>
-__global__ void __launch_bounds__(256) skinny_row_pair_conv_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1,
-                                                                   int nb0, float beta, kd_cu_conv_args ca, int gx,
-                                                                   int gy) {
-    const int b = (int)blockIdx.x, nc = gx * gy;
-    if (b < nc) {
+                                                              float beta, kd_cu_conv_args ca, conv_grid cg) {
+    const int b = (int)blockIdx.x - cg.x * cg.y;
+    if (b < 0) {
         kd_dep_start();
-        kd_conv_silu_block(ca, b % gx, b / gx, gy);
-    } else if (b - nc < nb0) {
-        row_body<MT, RW, U, false>(b - nc, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc, nullptr);
+        kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y);
+    } else if (b < nb0) {
+        row_body<MT, RW, U, false>(b, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc, nullptr);
     } else {
-        row_body<MT, RW, U, false>(b - nc - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc,
-                                   nullptr);
+        row_body<MT, RW, U, false>(b - nb0, M, (int)j1.N, K, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc, nullptr);
     }
 }
 
-// The same with the pair in the tensor-core form (blocks of NW warps; the conv's grid for them).
-template <int NT, int NW, int U, bool CONTIG>
-__global__ void __launch_bounds__(NW * 32) skinny_tc_pair_conv_kernel(int M, int KB, kd_skinny_job j0,
-                                                                      kd_skinny_job j1, int nb0, float beta,
-                                                                      kd_cu_conv_args ca, int gx, int gy) {
-    const int b = (int)blockIdx.x, nc = gx * gy;
-    if (b < nc) {
-        kd_dep_start();
-        kd_conv_silu_block(ca, b % gx, b / gx, gy);
-    } else if (b - nc < nb0) {
-        tc_body<NT, NW, U, CONTIG>(b - nc, M, (int)j0.N, KB, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc);
-    } else {
-        tc_body<NT, NW, U, CONTIG>(b - nc - nb0, M, (int)j1.N, KB, j1.A, j1.lda, j1.W, j1.ldw, beta, j1.C, j1.ldc);
+// The conv's share of a pair's launch in blocks of `threads` (none without a conv).
+conv_grid pair_conv_grid(const kd_cu_conv_args *conv, int threads) {
+    conv_grid g = {0, 0};
+    if (conv) {
+        unsigned gx = 0, gy = 0;
+        kd_conv_grid(*conv, threads, &gx, &gy);
+        g.x = (int)gx, g.y = (int)gy;
     }
+    return g;
 }
 
 template <int NW, int U, bool CONTIG>
@@ -334,12 +327,14 @@ cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda,
 
 template <int NW, int U, bool CONTIG>
 cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta,
-                           cudaStream_t s) {
+                           const kd_cu_conv_args *conv, cudaStream_t s) {
     const int nb0 = (int)((j0.N + 15) / 16), nb1 = (int)((j1.N + 15) / 16);
-    const dim3 grid((unsigned)(nb0 + nb1)), block(NW * 32);
+    const conv_grid cg = pair_conv_grid(conv, NW * 32);
+    const kd_cu_conv_args ca = conv ? *conv : kd_cu_conv_args{};
+    const dim3 grid((unsigned)(cg.x * cg.y + nb0 + nb1)), block(NW * 32);
     switch ((m + 7) / 8) {
 #define KD_SKINNY_TC2(NT) \
-    kd_launch_dep(skinny_tc_pair_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta)
+    kd_launch_dep(skinny_tc_pair_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta, ca, cg)
     case 1: return KD_SKINNY_TC2(1);
     case 2: return KD_SKINNY_TC2(2);
     case 3: return KD_SKINNY_TC2(3);
@@ -348,29 +343,16 @@ cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skin
     }
 }
 
-template <int NW, int U, bool CONTIG>
-cudaError_t launch_tc_pair_conv(int m, int kb, const kd_skinny_job &j0, const kd_skinny_job &j1, int nb0, float beta,
-                                const kd_cu_conv_args &ca, int gx, int gy, dim3 grid, cudaStream_t s) {
-    const dim3 block(NW * 32);
-    switch ((m + 7) / 8) {
-#define KD_SKINNY_TCC(NT)                                                                                        \
-    kd_launch_dep(skinny_tc_pair_conv_kernel<NT, NW, U, CONTIG>, grid, block, 0, s, m, kb, j0, j1, nb0, beta, ca, gx, \
-                  gy)
-    case 1: return KD_SKINNY_TCC(1);
-    case 2: return KD_SKINNY_TCC(2);
-    case 3: return KD_SKINNY_TCC(3);
-    default: return KD_SKINNY_TCC(4);
-#undef KD_SKINNY_TCC
-    }
-}
-
 template <int RW, int U>
 cudaError_t launch_row_pair(int m, int k, const kd_skinny_job &j0, const kd_skinny_job &j1, float beta,
-                            cudaStream_t s) {
+                            const kd_cu_conv_args *conv, cudaStream_t s) {
     const int nb0 = (int)((j0.N + 8 * RW - 1) / (8 * RW)), nb1 = (int)((j1.N + 8 * RW - 1) / (8 * RW));
-    const dim3 grid((unsigned)(nb0 + nb1)), block(256);
+    const conv_grid cg = pair_conv_grid(conv, 256);
+    const kd_cu_conv_args ca = conv ? *conv : kd_cu_conv_args{};
+    const dim3 grid((unsigned)(cg.x * cg.y + nb0 + nb1)), block(256);
     switch (m) {
-#define KD_SKINNY_ROW2(MT) kd_launch_dep(skinny_row_pair_kernel<MT, RW, U>, grid, block, 0, s, m, k, j0, j1, nb0, beta)
+#define KD_SKINNY_ROW2(MT) \
+    kd_launch_dep(skinny_row_pair_kernel<MT, RW, U>, grid, block, 0, s, m, k, j0, j1, nb0, beta, ca, cg)
     case 1: return KD_SKINNY_ROW2(1);
     case 2: return KD_SKINNY_ROW2(2);
     default: return KD_SKINNY_ROW2(4);
@@ -437,41 +419,6 @@ cudaError_t kd_cu_gemm_skinny_epi(int form, int64_t M, int64_t N, int64_t K, con
     return launch_row<2, 2, false, true>((int)M, (int)N, (int)K, A, lda, W, ldw, beta, C, ldc, s, nullptr, *ep);
 }
 
-cudaError_t kd_cu_gemm_skinny_pair_conv(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
-                                        const kd_skinny_job *j1, float beta, const kd_cu_conv_args *conv,
-                                        cudaStream_t s) {
-    if (!j0 || !j1 || !conv || form < 1 || form > 5 || (form == 5 && M > 4) || conv->N < 1 ||
-        (conv->w && conv->W < 1))
-        return cudaErrorInvalidValue;
-    for (const kd_skinny_job *j : {j0, j1})
-        if (!kd_cu_skinny_ok(M, j->N, K, j->A, j->lda, j->W, j->ldw, KD_SKINNY_MAX_M) || j->ldc < j->N || !j->C)
-            return cudaErrorInvalidValue;
-    const int threads = form == 5 || form <= 2 ? 256 : 128; /* the row form's 8 warps; tc forms 1-2: 8, 3-4: 4 */
-    unsigned gx = 0, gy = 0;
-    kd_conv_grid(*conv, threads, &gx, &gy);
-    const int64_t nb0 = (j0->N + 15) / 16, nb1 = (j1->N + 15) / 16, nc = (int64_t)gx * gy;
-    if (nb0 + nb1 + nc >= (1ll << 31)) return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)(nc + nb0 + nb1)), block(threads);
-    const int m = (int)M, k = (int)K, kb = (int)(K / 32), n0 = (int)nb0, x = (int)gx, y = (int)gy;
-    if (form == 5) {
-        switch (m) {
-#define KD_SKINNY_ROWC(MT) \
-    kd_launch_dep(skinny_row_pair_conv_kernel<MT, 2, 2>, grid, block, 0, s, m, k, *j0, *j1, n0, beta, *conv, x, y)
-        case 1: return KD_SKINNY_ROWC(1);
-        case 2: return KD_SKINNY_ROWC(2);
-        default: return KD_SKINNY_ROWC(4);
-#undef KD_SKINNY_ROWC
-        }
-    }
-    switch (form) { /* the tensor-core forms as kd_cu_gemm_skinny_pair's */
-    case 1: return launch_tc_pair_conv<8, 4, false>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
-    case 2: return launch_tc_pair_conv<8, 2, false>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
-    case 3: return launch_tc_pair_conv<4, 4, true>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
-    case 4: return launch_tc_pair_conv<4, 2, false>(m, kb, *j0, *j1, n0, beta, *conv, x, y, grid, s);
-    }
-    return cudaErrorInvalidValue;
-}
-
 cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                      const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *Y, int64_t ldy,
                                      cudaStream_t s) {
@@ -486,26 +433,43 @@ cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat
     return kd_cu_gemm_skinny_form(0, M, N, K, A, lda, W, ldw, beta, C, ldc, s);
 }
 
-cudaError_t kd_cu_gemm_skinny_pair(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1,
-                                   float beta, cudaStream_t s) {
-    if (!j0 || !j1) return cudaErrorInvalidValue;
+namespace {
+
+// kd_cu_gemm_skinny_pair with, where conv is not null, the conv in the same launch.
+cudaError_t pair_launch(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1, float beta,
+                        const kd_cu_conv_args *conv, cudaStream_t s) {
+    if (!j0 || !j1 || (conv && (conv->N < 1 || (conv->w && conv->W < 1)))) return cudaErrorInvalidValue;
     for (const kd_skinny_job *j : {j0, j1})
         if (!kd_cu_skinny_ok(M, j->N, K, j->A, j->lda, j->W, j->ldw, KD_SKINNY_MAX_M) || j->ldc < j->N || !j->C)
             return cudaErrorInvalidValue;
-    if ((j0->N + 15) / 16 + (j1->N + 15) / 16 >= (1ll << 31)) return cudaErrorInvalidValue;
+    const conv_grid cg = pair_conv_grid(conv, 128); /* the most blocks the conv can take (4-warp blocks) */
+    if ((j0->N + 15) / 16 + (j1->N + 15) / 16 + (int64_t)cg.x * cg.y >= (1ll << 31)) return cudaErrorInvalidValue;
     if (form == 0) form = kd_cu_skinny_pick(M, j0->N, K);
     if (form == 0) form = M <= 4 ? 5 : 1;
     if (form >= 5 && M > 4) return cudaErrorInvalidValue;
     const int m = (int)M, k = (int)K, kb = (int)(K / 32);
     switch (form) {
-    case 1: return launch_tc_pair<8, 4, false>(m, kb, *j0, *j1, beta, s);
-    case 2: return launch_tc_pair<8, 2, false>(m, kb, *j0, *j1, beta, s);
-    case 3: return launch_tc_pair<4, 4, true>(m, kb, *j0, *j1, beta, s);
-    case 4: return launch_tc_pair<4, 2, false>(m, kb, *j0, *j1, beta, s);
-    case 5: return launch_row_pair<2, 2>(m, k, *j0, *j1, beta, s);
-    case 6: return launch_row_pair<1, 4>(m, k, *j0, *j1, beta, s);
-    case 7: return launch_row_pair<2, 4>(m, k, *j0, *j1, beta, s);
-    case 8: return launch_row_pair<4, 2>(m, k, *j0, *j1, beta, s);
+    case 1: return launch_tc_pair<8, 4, false>(m, kb, *j0, *j1, beta, conv, s);
+    case 2: return launch_tc_pair<8, 2, false>(m, kb, *j0, *j1, beta, conv, s);
+    case 3: return launch_tc_pair<4, 4, true>(m, kb, *j0, *j1, beta, conv, s);
+    case 4: return launch_tc_pair<4, 2, false>(m, kb, *j0, *j1, beta, conv, s);
+    case 5: return launch_row_pair<2, 2>(m, k, *j0, *j1, beta, conv, s);
+    case 6: return launch_row_pair<1, 4>(m, k, *j0, *j1, beta, conv, s);
+    case 7: return launch_row_pair<2, 4>(m, k, *j0, *j1, beta, conv, s);
+    case 8: return launch_row_pair<4, 2>(m, k, *j0, *j1, beta, conv, s);
     default: return cudaErrorInvalidValue; /* the split-K row forms (9, 10) are not paired */
     }
+}
+
+} // namespace
+
+cudaError_t kd_cu_gemm_skinny_pair(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1,
+                                   float beta, cudaStream_t s) {
+    return pair_launch(form, M, K, j0, j1, beta, nullptr, s);
+}
+
+cudaError_t kd_cu_gemm_skinny_pair_conv(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
+                                        const kd_skinny_job *j1, float beta, const kd_cu_conv_args *conv,
+                                        cudaStream_t s) {
+    return conv ? pair_launch(form, M, K, j0, j1, beta, conv, s) : cudaErrorInvalidValue;
 }

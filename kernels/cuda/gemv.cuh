@@ -117,11 +117,11 @@ typedef struct kd_skinny_job {
 cudaError_t kd_cu_gemm_skinny_pair(int form, int64_t M, int64_t K, const kd_skinny_job *j0, const kd_skinny_job *j1,
                                    float beta, cudaStream_t s);
 
-// The pair in form 1-5 (as kd_cu_gemm_skinny_pair; 5 the row form, M <= 4) and
-// kd_cu_conv_silu(conv) in one launch: the conv's blocks first (as many threads as the form's),
-// then the products'; the conv and the products are independent (both read the input
-// projection's output, write different arrays), so one kernel boundary fewer. The same bits as
-// the two launches. cudaErrorInvalidValue where either is refused.
+// The pair (form as kd_cu_gemm_skinny_pair) and kd_cu_conv_silu(conv) in one launch: the
+// conv's blocks first (as many threads as the form's), then the products'; the conv and the
+// products are independent (both read the input projection's output, write different arrays),
+// so one kernel boundary fewer. The same bits as the two launches (the pair's kernels are these
+// with no conv blocks). cudaErrorInvalidValue where either is refused or conv is null.
 cudaError_t kd_cu_gemm_skinny_pair_conv(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
                                         const kd_skinny_job *j1, float beta, const kd_cu_conv_args *conv,
                                         cudaStream_t s);
