@@ -2,8 +2,10 @@
 // function (cpu/cpu_backend.c) on one device, one stream.
 //
 // Activations: fp32 (act_bf16 = 0: weights converted to fp32 on upload, cuBLAS SGEMM; the
-// reference mode) or bf16 (GEMM weights bf16 on the device, GEMM inputs bf16 through
-// cublasGemmEx with CUBLAS_COMPUTE_32F and fp32 outputs). The residual stream, norms, gates,
+// reference mode) or bf16 (GEMM weights bf16 on the device, GEMM inputs bf16, fp32 outputs and
+// accumulation: the skinny kernel (gemv.cuh) where it is faster, else cuBLASLt with the
+// algorithm gemm_lt.cuh's table names for the shape, measured on an H200; kd_cuda_set_lt).
+// The residual stream, norms, gates,
 // conv and recurrence are fp32 in both; so is the state (state_dtype = KD_F32).
 //
 // Device memory, per layer l (the KDA kernels of kda.cuh index states by slot within one
@@ -72,6 +74,7 @@
 #include <xxhash.h>
 
 #include "kd/backend.h"
+#include "kernels/cuda/gemm_lt.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kda.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -79,7 +82,7 @@
 
 namespace {
 
-constexpr size_t kBlasWorkspace = 32u << 20;
+constexpr size_t kBlasWorkspace = KD_LT_WORKSPACE; // the workspace gemm_lt.cuh's table was measured with
 constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
 constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
@@ -122,6 +125,8 @@ struct cu_backend {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
+    kd_cu_lt *lt; // bf16 products the skinny kernel does not take (gemm_lt.cuh); NULL: cublasGemmEx
+    int lt_mode;  // 0: cublasGemmEx, 1: cuBLASLt's first algorithm, 2: kd_cu_lt_pick's table too (kd_cuda_set_lt)
     // allocations to free (device and pinned host)
     void **dallocs;
     size_t n_dallocs, cap_dallocs;
@@ -268,6 +273,7 @@ void cu_destroy(kd_backend *b) {
     cu_backend *cb = SELF(b);
     free_all(cb);
     if (cb->blas) cublasDestroy(cb->blas);
+    kd_cu_lt_destroy(cb->lt);
     if (cb->blas_ws) cudaFree(cb->blas_ws);
     if (cb->ev_fork) cudaEventDestroy(cb->ev_fork);
     if (cb->ev_join) cudaEventDestroy(cb->ev_join);
@@ -652,18 +658,23 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
         return 0;
     }
     const float alpha = 1.f;
-    cublasStatus_t s;
-    if (cb->bf16)
+    cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+    const char *call = cb->bf16 ? "cublasGemmEx" : "cublasSgemm";
+    if (cb->bf16 && cb->lt && cb->lt_mode > 0) {
+        s = kd_cu_lt_gemm(cb->lt, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb, beta, C, ldc,
+                          cb->blas_ws, kBlasWorkspace, cb->stream);
+        call = "cublasLtMatmul";
+    }
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED && cb->bf16) // no cuBLASLt algorithm: cublasGemmEx's own
         s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF,
                          (int)ldb, A, CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT);
-    else
+    else if (!cb->bf16)
         s = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, (const float *)B,
                         (int)ldb, (const float *)A, (int)lda, &beta, C, (int)ldc);
     if (s != CUBLAS_STATUS_SUCCESS)
-        return kd_fail(err, "cuda backend: %s (GEMM %s, M %lld N %lld K %lld): %s",
-                       cb->bf16 ? "cublasGemmEx" : "cublasSgemm", what, (long long)M, (long long)N, (long long)K,
-                       cublasGetStatusString(s));
+        return kd_fail(err, "cuda backend: %s (GEMM %s, M %lld N %lld K %lld): %s", call, what, (long long)M,
+                       (long long)N, (long long)K, cublasGetStatusString(s));
     return 0;
 }
 
@@ -1186,6 +1197,12 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
         cu_destroy(&cb->base);
         return NULL;
     }
+    if (cb->bf16 && (e = kd_cu_lt_create(&cb->lt)) != cudaSuccess) {
+        kd_fail(err, "cuda backend: cuBLASLt: %s", cudaGetErrorString(e));
+        cu_destroy(&cb->base);
+        return NULL;
+    }
+    cb->lt_mode = 2;
     return &cb->base;
 }
 
@@ -1229,6 +1246,15 @@ extern "C" int kd_cuda_set_pair(kd_backend *b, int on) { return set_switch(b, &c
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) { return set_switch(b, &cu_backend::skinny, on); }
 
 extern "C" int kd_cuda_set_fold_layers(kd_backend *b, int on) { return set_switch(b, &cu_backend::fold_layers, on); }
+
+extern "C" int kd_cuda_set_lt(kd_backend *b, int mode) {
+    if (mode < 0 || mode > 2) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->lt_mode = mode;
+    kd_cu_lt_set_table(cb->lt, mode == 2);
+    return 0;
+}
 
 extern "C" int kd_cuda_set_fuse(kd_backend *b, int mask) {
     if (mask < 0 || mask > KD_CUDA_FUSE_ALL) return -1;

@@ -2,8 +2,8 @@
 // GPU (run by tests/cuda/run_device.sh on the device machine, not a bazel test):
 //   cuda_test ORACLE_DIR [quick | skinny]
 // ORACLE_DIR holds tiny/ and small/ (model/ and vectors.safetensors), like ../shared/oracle.
-// `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the skinny
-// GEMM's checks (f) alone, as in quick (for racecheck, too slow for the quick mode's models).
+// `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the GEMM
+// checks (f) and (h) alone, as in quick (for racecheck, too slow for the quick mode's models).
 // Exit: 0 all passed ("ALL CUDA CHECKS PASSED"), 1 a check failed, 2 no CUDA device or bad usage.
 //
 // (a) Random models in memory (several shapes: grouped value heads with V = 2K, K = V = 128,
@@ -40,6 +40,10 @@
 //     copy in the input projection's epilogue and the conv in f_proj.1 + g_proj.1's launch
 //     (kd_cuda_set_fuse) against their own kernels. The skinny kernel's pairs
 //     (kd_cu_gemm_skinny_pair), every form that pairs, against float64 references.
+// (h) The cuBLASLt products (gemm_lt.cuh) against a float64 reference: odd shapes, padded
+//     leading dimensions, beta 0 and 1, and every shape of its table at both ends of its row
+//     range with the table's algorithm (sampled outputs; no NaN left of the poison); its plans
+//     kept once a shape, the oldest replaced past KD_LT_PLANS; the shapes it must refuse.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,6 +61,7 @@
 #include <cuda_runtime.h>
 
 #include "kd/backend.h"
+#include "kernels/cuda/gemm_lt.cuh"
 #include "kernels/cuda/gemv.cuh"
 extern "C" {
 #include "worker/engine.h"
@@ -1460,6 +1465,177 @@ static void skinny_checks(uint64_t seed, bool quick) {
     }
 }
 
+// --------------------------------------------------------------- cuBLASLt products (h)
+
+// bf16 bits of a value of at most 2^emax drawn from a hash of (seed, row, column): sign, one of
+// 4 exponents and 7 mantissa bits, so device and host make the same numbers without copying
+// hundreds of megabytes of weights.
+__host__ __device__ static inline uint16_t hash_bf16(uint64_t seed, uint64_t i, int emax) {
+    uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const uint32_t sign = (uint32_t)(z & 1), ex = (uint32_t)(127 + emax - 3 + ((z >> 1) & 3)),
+                   mant = (uint32_t)((z >> 3) & 0x7f);
+    return (uint16_t)(sign << 15 | ex << 7 | mant);
+}
+
+__global__ void hash_fill_kernel(uint16_t *p, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int emax) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i % cols;
+        p[r * ld + c] = hash_bf16(seed, (uint64_t)i, emax);
+    }
+}
+
+// One product through kd_cu_lt_gemm: hashed bf16 A [M][lda] and W [N][ldw], C [M][ldc] NaN
+// (beta 0) or random (beta 1), padding of C's rows NaN; checked at `samples` random outputs
+// (every output where samples is 0) against float64, within 1e-5 of the terms' magnitude;
+// every output of C finite, its padding untouched.
+static void lt_case(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int pad, float beta, uint64_t seed, int samples,
+                    const char *what, void *ws) {
+    const int64_t lda = K + pad, ldw = K + pad, ldc = N + pad;
+    void *da = NULL, *dw = NULL, *dc = NULL;
+    std::vector<float> c0((size_t)(M * ldc));
+    Rng r(seed);
+    for (auto &x : c0) x = beta != 0.f ? (float)r.normal() : NAN;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = N; n < ldc; n++) c0[(size_t)(m * ldc + n)] = NAN;
+    bool ok = cudaMalloc(&da, (size_t)(M * lda) * 2) == cudaSuccess &&
+              cudaMalloc(&dw, (size_t)(N * ldw) * 2) == cudaSuccess && to_dev(&dc, c0);
+    cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
+    if (ok) {
+        hash_fill_kernel<<<1024, 256>>>((uint16_t *)da, M, K, lda, seed * 2 + 1, 0);
+        hash_fill_kernel<<<1024, 256>>>((uint16_t *)dw, N, K, ldw, seed * 2 + 2, -4);
+        ok = cudaGetLastError() == cudaSuccess;
+    }
+    if (ok) {
+        st = kd_cu_lt_gemm(lt, M, N, K, (const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw, beta,
+                           (float *)dc, ldc, ws, KD_LT_WORKSPACE, 0);
+        ok = st == CUBLAS_STATUS_SUCCESS && cudaDeviceSynchronize() == cudaSuccess;
+    }
+    std::vector<float> c(c0.size());
+    if (ok) ok = cudaMemcpy(c.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    double worst = 0;
+    size_t bad = 0, nonfinite = 0, pad_touched = 0, checked = 0;
+    if (ok) {
+        for (int64_t m = 0; m < M; m++) {
+            for (int64_t n = 0; n < N; n++) nonfinite += !std::isfinite(c[(size_t)(m * ldc + n)]);
+            for (int64_t n = N; n < ldc; n++) pad_touched += !std::isnan(c[(size_t)(m * ldc + n)]);
+        }
+        const int64_t total = samples > 0 ? samples : M * N;
+        for (int64_t i = 0; i < total; i++, checked++) {
+            const int64_t m = samples > 0 ? (int64_t)(r.next() % (uint64_t)M) : i / N,
+                          n = samples > 0 ? (int64_t)(r.next() % (uint64_t)N) : i % N;
+            double sum = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double t = from_bf16_bits(hash_bf16(seed * 2 + 1, (uint64_t)(m * K + k), 0)) *
+                                 from_bf16_bits(hash_bf16(seed * 2 + 2, (uint64_t)(n * K + k), -4));
+                sum += t, mag += fabs(t);
+            }
+            const double cc = beta != 0.f ? (double)beta * c0[(size_t)(m * ldc + n)] : 0.0;
+            const double d = fabs((double)c[(size_t)(m * ldc + n)] - (sum + cc)) / (mag + fabs(cc) + 1e-30);
+            if (!(d <= 1e-5)) bad++;
+            if (d > worst || d != d) worst = d;
+        }
+    }
+    report(ok && bad == 0 && nonfinite == 0 && pad_touched == 0,
+           "[cuBLASLt GEMM %s M=%lld N=%lld K=%lld pad=%d beta=%g] %s: max error %.2e of the terms' magnitude "
+           "(%zu of %zu checked over 1e-5), %zu outputs not finite, %zu padding elements touched",
+           what, (long long)M, (long long)N, (long long)K, pad, beta,
+           ok ? "ran" : st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : "CUDA error", worst, bad, checked,
+           nonfinite, pad_touched);
+    cudaFree(da), cudaFree(dw), cudaFree(dc);
+    (void)cudaGetLastError();
+}
+
+static void lt_checks(uint64_t seed, bool quick) {
+    kd_cu_lt *lt = NULL;
+    void *ws = NULL;
+    const cudaError_t e = kd_cu_lt_create(&lt);
+    if (!report(e == cudaSuccess && lt && cudaMalloc(&ws, KD_LT_WORKSPACE) == cudaSuccess,
+                "[cuBLASLt GEMM handle] %s", cudaGetErrorString(e))) {
+        kd_cu_lt_destroy(lt);
+        return;
+    }
+    struct S {
+        int M, N, K, pad;
+        float beta;
+    };
+    const S shapes[] = {{1, 40, 256, 8, 0.f},   {5, 2304, 2304, 8, 1.f}, {33, 17, 512, 0, 0.f},
+                        {64, 100, 9216, 16, 1.f}, {128, 1030, 4096, 8, 0.f}, {77, 4096, 128, 0, 1.f},
+                        {300, 2000, 96, 4, 0.f},  {512, 33, 100, 2, 1.f}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!quick || i % 2 == 0)
+            lt_case(lt, shapes[i].M, shapes[i].N, shapes[i].K, shapes[i].pad, shapes[i].beta, seed + i, 0, "shape",
+                    ws);
+    int plans = 0, picked = 0;
+    kd_cu_lt_stats(lt, &plans, &picked);
+    const int n_shapes = quick ? 4 : 8;
+    report(plans == n_shapes, "[cuBLASLt GEMM plans: one a shape] %d plans after %d shapes", plans, n_shapes);
+    lt_case(lt, shapes[0].M, shapes[0].N, shapes[0].K, shapes[0].pad, shapes[0].beta, seed + 50, 0, "again", ws);
+    kd_cu_lt_stats(lt, &plans, NULL);
+    report(plans == n_shapes, "[cuBLASLt GEMM plans: a shape seen before makes none] %d plans", plans);
+    // the table's shapes at both ends of each entry's rows, with its algorithm where the device is the kind measured
+    int major = 0, minor = 0, sms = 0, dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const bool measured_kind = major == 9 && minor == 0 && sms >= 132;
+    const kd_lt_entry *tab = NULL;
+    const int nt = kd_cu_lt_table(&tab);
+    int runs = 0;
+    for (int i = 0; i < nt; i++) {
+        if (tab[i].N < 1) continue;
+        for (int e = 0; e < (tab[i].m_lo == tab[i].m_hi ? 1 : 2); e++) { /* a row count once */
+            const int64_t M = e ? tab[i].m_hi : tab[i].m_lo;
+            if (quick && tab[i].N * tab[i].K > (64 << 20) / 2) continue; /* sanitizers: weights up to 64 MB */
+            int p0 = 0;
+            kd_cu_lt_stats(lt, NULL, &p0);
+            char what[64];
+            snprintf(what, sizeof what, "table entry %d (rank %d split-K %d)", i, tab[i].c.rank, tab[i].c.split_k);
+            lt_case(lt, M, tab[i].N, tab[i].K, 0, (i + (int)M) % 2 ? 1.f : 0.f, seed + 100 + 2 * i + (M == tab[i].m_hi),
+                    4096, what, ws);
+            int p1 = 0;
+            kd_cu_lt_stats(lt, NULL, &p1);
+            report(p1 == p0 + (measured_kind ? 1 : 0),
+                   "[cuBLASLt GEMM %s M=%lld: the table's algorithm %s] plans with a table choice %d -> %d", what,
+                   (long long)M, measured_kind ? "taken" : "not taken on another kind of device", p0, p1);
+            runs++;
+        }
+    }
+    note("cuBLASLt table: %d entries, %d products checked (device cc %d.%d, %d SMs)", nt, runs, major, minor, sms);
+    // past KD_LT_PLANS shapes the oldest plans are replaced; the products stay right
+    for (int M = 1; M <= KD_LT_PLANS + 4; M++)
+        lt_case(lt, M, 24, 32, 0, 0.f, seed + 1000 + M, M > KD_LT_PLANS - 2 ? 0 : 64, "many shapes", ws);
+    kd_cu_lt_stats(lt, &plans, NULL);
+    report(plans == KD_LT_PLANS, "[cuBLASLt GEMM plans: at most %d] %d", KD_LT_PLANS, plans);
+    kd_cu_lt_set_table(lt, 0);
+    kd_cu_lt_stats(lt, &plans, NULL);
+    report(plans == 0, "[cuBLASLt GEMM plans dropped when the table is switched] %d", plans);
+    /* refused: no rows, a leading dimension below K or N, no output, too many rows */
+    const int64_t bad[][6] = {{0, 64, 256, 256, 256, 64}, {4, 64, 256, 128, 256, 64}, {4, 64, 256, 256, 100, 64},
+                              {4, 64, 256, 256, 256, 32}, {(int64_t)1 << 31, 64, 256, 256, 256, 64}};
+    for (const auto &x : bad) {
+        const __nv_bfloat16 *fake = (const __nv_bfloat16 *)ws;
+        const cublasStatus_t s =
+            kd_cu_lt_gemm(lt, x[0], x[1], x[2], fake, x[3], fake, x[4], 0.f, (float *)ws, x[5], ws, KD_LT_WORKSPACE, 0);
+        report(s == CUBLAS_STATUS_INVALID_VALUE && cudaGetLastError() == cudaSuccess,
+               "[cuBLASLt GEMM refuses M=%lld N=%lld K=%lld lda=%lld ldw=%lld ldc=%lld] %s", (long long)x[0],
+               (long long)x[1], (long long)x[2], (long long)x[3], (long long)x[4], (long long)x[5],
+               cublasGetStatusString(s));
+    }
+    const cublasStatus_t s0 =
+        kd_cu_lt_gemm(lt, 4, 64, 256, NULL, 256, (const __nv_bfloat16 *)ws, 256, 0.f, (float *)ws, 64, ws,
+                      KD_LT_WORKSPACE, 0);
+    report(s0 == CUBLAS_STATUS_INVALID_VALUE, "[cuBLASLt GEMM refuses no A] %s", cublasGetStatusString(s0));
+    kd_cu_lt_stats(lt, &plans, NULL);
+    report(plans == 0, "[cuBLASLt GEMM: refused products make no plan] %d", plans);
+    kd_cu_lt_destroy(lt);
+    cudaFree(ws);
+}
+
 // ------------------------------------------------------------------------------ main
 
 int main(int argc, char **argv) {
@@ -1469,7 +1645,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const bool quick = argc > 2;
-    const bool skinny_only = quick && !strcmp(argv[2], "skinny"); /* the skinny kernel's checks alone (sanitizers) */
+    const bool skinny_only = quick && !strcmp(argv[2], "skinny"); /* the GEMM checks alone (sanitizers) */
     kd_cuda_info info;
     kd_cuda_describe(&info);
     if (kd_cuda_device_count() == 0) {
@@ -1495,8 +1671,10 @@ int main(int argc, char **argv) {
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     skinny_checks(seed + 41, quick);
+    lt_checks(seed + 43, quick);
     if (skinny_only) {
-        printf("%s (%d checks, the skinny GEMM's alone)\n", g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
+        printf("%s (%d checks, the skinny and cuBLASLt GEMMs' alone)\n",
+               g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
                g_checks);
         return g_failed ? 1 : 0;
     }

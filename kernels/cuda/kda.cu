@@ -1310,6 +1310,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // block's later barriers). Then each warp takes its 16 columns of the state into registers
 // (the mma accumulator layout), folds, stores, and runs the window product; the solve
 // follows. Nothing goes through a work space in device memory.
+// Launched as a programmatic dependent (kd_kda_onepass_pdl): the state tile, the fold's
+// corrections and v (written two or more kernels back, or by earlier steps) are in flight
+// before the block waits for the kernel before it (kd_kda_prepare), whose outputs (the window's
+// keys, queries, decays and beta) it reads after.
 
 // Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
 // value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
@@ -1395,10 +1399,11 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
         else sv[i] = 0.f;
     }
-    if (tid < T) cp_async4(sb + tid, a.beta + ((size_t)row.start + tid) * a.HV + h);
     cp_async_commit();
     tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
     cp_async_commit();
+    pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
+    if (tid < T) sb[tid] = a.beta[((size_t)row.start + tid) * a.HV + h]; /* read by the solve, barriers later */
     // (1) the prologue, in two halves
     const int c = tid % 128;
     const bool act = c < K;
@@ -1631,13 +1636,18 @@ cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
     return cudaLaunchKernelEx(&cfg, f, *a);
 }
 
+int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
+
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
     auto f = verify_onepass_kernel<K, NT>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
-    return cudaGetLastError();
+    if (!(kd_cuda_pdl && g_onepass_pdl)) {
+        f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
+        return cudaGetLastError();
+    }
+    return kd_launch_dep(f, dim3((a->V + 127) / 128, a->HV, a->n_rows), dim3(256), sm, s, *a);
 }
 
 template <int K, int NW>
@@ -1728,6 +1738,8 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
         return (int)cudaErrorInvalidValue;
     return dispatch<false>(a, mode, max_len, (cudaStream_t)stream);
 }
+
+extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
 
 extern "C" int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream) {
     if (a->n_rows == 0) return 0;

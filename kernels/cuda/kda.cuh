@@ -135,6 +135,10 @@ typedef enum { KD_KDA_DEFERRED = 0, KD_KDA_STORE_ALL = 1 } kd_kda_mode;
 // Verify windows: deferred (fold + write the checkpoint + run + records) or store-all
 // (read the accepted state, run, write every state). 0 on success, else a cudaError_t.
 int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream);
+// The one-pass verify as a programmatic dependent launch of the kernel before it (1, the
+// default: its state tile, the fold's corrections and v are in flight before it waits for that
+// kernel, under the contract of kd_kda_pdl below) or in plain stream order (0; benchmarks).
+void kd_kda_onepass_pdl(int on);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

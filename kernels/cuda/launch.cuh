@@ -7,10 +7,10 @@
 // runs (inside a CUDA graph too: the capture keeps the programmatic edges), but none of them
 // reads anything written in the stream before its own wait, and a kernel is only scheduled
 // once the kernel before it has passed its wait: the chain keeps stream order for every
-// byte. Three kernels load before their wait: the skinny GEMM (gemv.cu) and the RMSNorm
-// (ops.cu) their weights, which are never written, and the CUDA-core KDA verify, which relies
-// on the last point (kda.cu: what it loads early was written two or more kernels back, so it
-// is complete once its predecessor has started).
+// byte. Four kernels load before their wait: the skinny GEMM (gemv.cu) and the RMSNorm
+// (ops.cu) their weights, which are never written, and the CUDA-core and one-pass KDA
+// verifies, which rely on the last point (kda.cu: what they load early was written two or more
+// kernels back, so it is complete once their predecessor has started).
 //
 // Measured and not kept: the norms triggering before their wait, so that the weight product
 // after each is scheduled while the product before it finishes: no change in a 48B step on

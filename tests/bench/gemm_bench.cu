@@ -25,29 +25,9 @@
 
 #include "kernels/cuda/ck.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "tests/bench/gemm_common.cuh"
 
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static double urand() { /* uniform in [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) * 0x1.0p-52 - 1.0;
-}
-
-static uint16_t bf16_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static void fill_bf16(void *d, size_t n, double scale) {
-    std::vector<uint16_t> h(n);
-    for (auto &x : h) x = bf16_bits((float)(scale * urand()));
-    CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
-}
-
-struct Shape {
-    const char *name;
-    int N, K;
-};
+static uint64_t g_rng = 0x243f6a8885a308d3ull; /* the weights' and activations' random fill */
 
 int main(int argc, char **argv) {
     if (argc < 4) {
@@ -66,35 +46,10 @@ int main(int argc, char **argv) {
     void *ws;
     CK(cudaMalloc(&ws, 32u << 20));
     cublasSetWorkspace(blas, ws, 32u << 20);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
 
-    // the copy floor: 1 GiB device to device (read + write), best of 10
-    double copy_bw = 0;
-    {
-        const size_t bytes = 1ull << 30;
-        void *a, *b;
-        CK(cudaMalloc(&a, bytes));
-        CK(cudaMalloc(&b, bytes));
-        CK(cudaMemset(a, 1, bytes));
-        for (int i = 0; i < 11; i++) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (i) copy_bw = std::max(copy_bw, 2.0 * bytes / (ms * 1e-3));
-        }
-        CK(cudaFree(a));
-        CK(cudaFree(b));
-    }
+    const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
     printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
 
-    const Shape shapes[] = {{"input projection", 12576, 2304}, {"f_proj.1 / g_proj.1", 4096, 128},
-                            {"o_proj", 2304, 4096},           {"gate|up", 18432, 2304},
-                            {"down_proj", 2304, 9216},         {"head", 163840, 2304}};
     const int Ms[] = {1, 4, 8, 32};
     const int nforms = KD_SKINNY_FORMS;
     std::string md = "| product | N | K | M | cuBLAS us | cuBLAS GB/s |";
@@ -106,33 +61,18 @@ int main(int argc, char **argv) {
     }
     md += " best skinny / cuBLAS | best skinny, of copy bandwidth | form 0, weights in the L2 us |\n" + sep +
           "---|---|---|\n";
-    std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
     char date[64];
-    {
-        time_t t = time(NULL);
-        strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
-    }
-    json += "  \"date\": \"" + std::string(date) + "\",\n  \"commit\": \"" + argv[2] + "\",\n  \"command\": \"" +
-            argv[3] + "\",\n";
+    std::string json = bench_json_head(prop.name, date, argv[2], argv[3], copy_bw);
     char buf[4096];
-    snprintf(buf, sizeof buf, "  \"copy_bandwidth_GBps\": %.1f,\n  \"rows\": [\n", copy_bw / 1e9);
-    json += buf;
     bool first = true;
     int bad = 0;
-    for (const Shape &sh : shapes) {
-        const size_t wbytes = (size_t)sh.N * sh.K * 2;
-        const int L = (int)std::max<size_t>(4, std::min<size_t>(64, (256ull << 20) / wbytes + 1));
-        std::vector<void *> W(L);
-        for (auto &w : W) {
-            CK(cudaMalloc(&w, wbytes));
-            fill_bf16(w, (size_t)sh.N * sh.K, 1.0 / sqrt((double)sh.K));
-        }
-        void *A;
-        float *C, *Cref;
-        CK(cudaMalloc(&A, (size_t)32 * sh.K * 2));
-        fill_bf16(A, (size_t)32 * sh.K, 1.0);
-        CK(cudaMalloc(&C, (size_t)32 * sh.N * 4));
-        CK(cudaMalloc(&Cref, (size_t)32 * sh.N * 4));
+    for (const BenchShape &sh : kPresetProducts) {
+        BenchBuffers bb(sh, 32, &g_rng);
+        const size_t wbytes = bb.wbytes;
+        const int L = bb.L;
+        const std::vector<void *> &W = bb.W;
+        void *const A = bb.A;
+        float *const C = bb.C, *const Cref = bb.Cref;
         for (int M : Ms) {
             std::vector<double> us(nforms + 1, -1);
             double cublas_us = 0;
@@ -200,9 +140,7 @@ int main(int argc, char **argv) {
             for (int f = 1; f <= nforms; f++)
                 if (us[(size_t)f] > 0) best = std::min(best, us[(size_t)f]);
             const double gbs = wbytes / (cublas_us * 1e-6) / 1e9, best_bw = wbytes / (best * 1e-6);
-            std::string cell = sh.name; /* "gate|up": its '|' escaped for the table */
-            for (size_t at = cell.find('|'); at != std::string::npos; at = cell.find('|', at + 2))
-                cell.insert(at, "\\");
+            const std::string cell = bench_md_cell(sh.name);
             snprintf(buf, sizeof buf, "| %s | %d | %d | %d | %.2f | %.0f |", cell.c_str(), sh.N, sh.K, M, cublas_us,
                      gbs);
             md += buf;
@@ -232,10 +170,6 @@ int main(int argc, char **argv) {
             json += buf;
             first = false;
         }
-        for (auto &w : W) CK(cudaFree(w));
-        CK(cudaFree(A));
-        CK(cudaFree(C));
-        CK(cudaFree(Cref));
     }
     json += "\n  ]\n}\n";
     const std::string pre = argv[1];
@@ -253,7 +187,6 @@ int main(int argc, char **argv) {
                 copy_bw / 1e9, md.c_str());
         fclose(f);
     }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
     cublasDestroy(blas);
     CK(cudaFree(ws));
     CK(cudaStreamDestroy(st));

@@ -2,9 +2,10 @@
 # Runs the GPU checks and benchmarks on a machine with an NVIDIA GPU, from binaries built
 # elsewhere with Bazel (the GPU machine needs no Bazel):
 #   tests/cuda/run_device.sh BIN_DIR OUT_DIR [ORACLE_DIR]
-#   BIN_DIR: kda_check, cuda_test, cuda_bench, gemm_bench (the backend's other test binaries as
-#            they come)
-#   OUT_DIR: results (kda_h200.json/.md, kimi48b_cuda_h200.json/.md, gemm_h200.json/.md) and logs
+#   BIN_DIR: kda_check, cuda_test, cuda_bench, gemm_bench, gemm_lt_bench (the backend's other
+#            test binaries as they come)
+#   OUT_DIR: results (kda_h200.json/.md, kimi48b_cuda_h200.json/.md, gemm_h200.json/.md,
+#            gemm_lt_h200.json/.md) and logs
 #   ORACLE_DIR: the oracle checkpoints (tiny/, small/) for cuda_test; default $KDECODE_ORACLE,
 #               else ../shared/oracle beside the checkout
 # Checks run first (against float64 references), then compute-sanitizer memcheck and
@@ -62,4 +63,12 @@ fi
 # forms (tests/bench/gemm_bench.cu), when built.
 if [[ -x $bin/gemm_bench ]]; then
   "$bin/gemm_bench" "$out/gemm_h200" "$commit" "tests/cuda/run_device.sh BIN OUT" 2>&1 | tee "$out/gemm_bench.log"
+fi
+
+# The same products at 2-512 rows: cublasGemmEx against cuBLASLt's algorithms and the backend's
+# table (tests/bench/gemm_lt_bench.cu, kernels/cuda/gemm_lt.cuh), when built.
+if [[ -x $bin/gemm_lt_bench ]]; then
+  "$bin/gemm_lt_bench" "$out/gemm_lt_h200" "$commit" "tests/cuda/run_device.sh BIN OUT" \
+    > "$out/gemm_lt_bench.log" 2>&1 || { tail -20 "$out/gemm_lt_bench.log"; exit 1; }
+  grep -E "gemmEx|MISMATCH|DONE" "$out/gemm_lt_bench.log"
 fi

@@ -1,0 +1,71 @@
+// gemm_lt.cuh: the bf16 matrix products of the CUDA backend that its skinny kernel (gemv.cuh)
+// does not take, through cuBLASLt with an algorithm chosen per shape.
+//
+// C[M][N] = A[M][K] W[N][K]^T + beta C (row-major, leading dimensions given), A and W bf16, C
+// fp32, fp32 accumulation. cublasGemmEx takes the first algorithm of cuBLAS's heuristic for
+// the shape; at the decode step's row counts (tens to hundreds of rows against weights of
+// thousands of rows) that is often not the fastest of the ones cuBLAS has: measured on the H200
+// (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md), kd_cu_lt_pick names for the 48B
+// preset's shapes the heuristic rank (and the split of K) that was fastest there. The choice
+// is a table, not a timing at run time: the same build on the same device and cuBLAS always
+// runs the same algorithm, so a product's bits do not depend on a race between candidates.
+//
+// A plan (descriptors and algorithm) is made on a shape's first product and kept (at most
+// KD_LT_PLANS; past that the oldest is replaced): a product's host cost is a lookup and the
+// cublasLtMatmul call, and a graph capture records only the kernels.
+#ifndef KD_CUDA_GEMM_LT_CUH
+#define KD_CUDA_GEMM_LT_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// The workspace the products may use (split-K partial sums); the caller's, at least this size.
+#define KD_LT_WORKSPACE (32u << 20)
+// The most plans kept.
+#define KD_LT_PLANS 256
+
+typedef struct kd_cu_lt kd_cu_lt;
+
+// What kd_cu_lt_pick names: the rank in cuBLASLt's heuristic list for the shape (0: the first,
+// the one cublasGemmEx takes) and, where split_k > 1, that algorithm with K split that many ways.
+typedef struct kd_lt_choice {
+    int rank, split_k;
+} kd_lt_choice;
+
+// A handle for the current device; cudaErrorInitializationError where cuBLASLt could not start
+// (*out NULL), cudaErrorMemoryAllocation where memory ran out.
+cudaError_t kd_cu_lt_create(kd_cu_lt **out);
+void kd_cu_lt_destroy(kd_cu_lt *lt);
+
+// Whether the table is used (1, the default, on a device of the kind it was measured on) or
+// every product takes the heuristic's first algorithm (0); a change drops the plans made.
+void kd_cu_lt_set_table(kd_cu_lt *lt, int on);
+
+// One entry of the table: products of N x K weights at M in [m_lo, m_hi] take choice c.
+typedef struct kd_lt_entry {
+    int64_t N, K, m_lo, m_hi;
+    kd_lt_choice c;
+} kd_lt_entry;
+
+// The table (tests): its entries in *out, their number returned.
+int kd_cu_lt_table(const kd_lt_entry **out);
+
+// The table's choice for this shape on a device of compute capability 9.0 with at least 132
+// SMs (the H200 it was measured on): 1 and *out where it names one, 0 where the heuristic's
+// first algorithm is as fast.
+int kd_cu_lt_pick(int64_t M, int64_t N, int64_t K, kd_lt_choice *out);
+
+// The product above on stream s, with the workspace given. CUBLAS_STATUS_INVALID_VALUE for
+// shapes out of range (any dimension below 1 or at least 2^31, a leading dimension below its
+// row), CUBLAS_STATUS_NOT_SUPPORTED where cuBLASLt has no algorithm for it; the caller may
+// then fall back to cublasGemmEx.
+cublasStatus_t kd_cu_lt_gemm(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                             const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc, void *ws,
+                             size_t ws_bytes, cudaStream_t s);
+
+// How many plans it holds, and how many of them run a choice of the table (tests).
+void kd_cu_lt_stats(const kd_cu_lt *lt, int *plans, int *picked);
+
+#endif

@@ -1,0 +1,281 @@
+// gemm_lt_bench.cu: which cuBLASLt algorithm streams each decode-step product of the
+// Kimi-Linear-48B KDA preset fastest at 2-512 activation rows, against cublasGemmEx's default
+// (what the CUDA backend called before kd_cu_lt, gemm_lt.cuh) and against the copy floor
+// measured in the same run. Needs a GPU (tests/cuda/run_device.sh, not a bazel test):
+//   gemm_lt_bench OUT_PREFIX COMMIT COMMAND
+// writes OUT_PREFIX.json and OUT_PREFIX.md; every candidate's time goes to stdout.
+//
+// Candidates: cuBLASLt's heuristic list for the shape (up to 32 algorithms, 32 MiB of
+// workspace), and for its first 4 the same algorithm with the K dimension split 2-16 ways
+// (where cublasLtMatmulAlgoCheck takes it). Each: a CUDA graph of L launches, each on its own
+// copy of the weights (together more than 4 times the L2), median of 15 replays, per launch;
+// its output against cublasGemmEx's (max error relative to the largest magnitude). The
+// backend's pick (kd_cu_lt_pick) is timed in the same way in its own column.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ck.cuh"
+#include "kernels/cuda/gemm_lt.cuh"
+#include "tests/bench/gemm_common.cuh"
+
+static uint64_t g_rng = 0x452821e638d01377ull; /* the weights' and activations' random fill */
+
+#define LT(x)                                                                                          \
+    do {                                                                                               \
+        cublasStatus_t s_ = (x);                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(s_));     \
+            exit(1);                                                                                   \
+        }                                                                                              \
+    } while (0)
+
+struct Cand {
+    cublasLtMatmulAlgo_t algo;
+    std::string label;
+};
+
+static std::string algo_str(const cublasLtMatmulAlgo_t &a) {
+    int32_t id = 0, splitk = 0;
+    uint32_t tile = 0, red = 0, swz = 0, custom = 0, stages = 0;
+    uint16_t inner = 0, cluster = 0;
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof inner, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &w);
+    char b[160];
+    snprintf(b, sizeof b, "id %d tile %u stages %u splitk %d red %u swz %u custom %u inner %u cluster %u", id, tile,
+             stages, splitk, red, swz, custom, (unsigned)inner, (unsigned)cluster);
+    return b;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s OUT_PREFIX COMMIT COMMAND\n", argv[0]);
+        return 2;
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return printf("no CUDA device\n"), 2;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    LT(cublasCreate(&blas));
+    LT(cublasSetStream(blas, st));
+    LT(cublasLtCreate(&lt));
+    const size_t ws_bytes = KD_LT_WORKSPACE;
+    void *ws;
+    CK(cudaMalloc(&ws, ws_bytes));
+    LT(cublasSetWorkspace(blas, ws, ws_bytes));
+    kd_cu_lt *pick = nullptr;
+    if (kd_cu_lt_create(&pick) != cudaSuccess) return printf("kd_cu_lt_create failed\n"), 1;
+
+    const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
+    printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
+
+    const int Ms[] = {2, 4, 8, 16, 32, 64, 128, 256, 512};
+    const int maxM = 512;
+    std::string md = "| product | N | K | M | cublasGemmEx us | GB/s | Lt heuristic's first us | best us | best / "
+                     "cublasGemmEx | best, of copy bandwidth | best candidate | backend's pick us | pick / "
+                     "cublasGemmEx |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    char date[64];
+    std::string json = bench_json_head(prop.name, date, argv[2], argv[3], copy_bw);
+    char buf[4096];
+    bool first = true;
+    int bad = 0;
+    for (const BenchShape &sh : kPresetProducts) {
+        BenchBuffers bb(sh, maxM, &g_rng);
+        const size_t wbytes = bb.wbytes;
+        const int L = bb.L;
+        const std::vector<void *> &W = bb.W;
+        void *const A = bb.A;
+        float *const C = bb.C, *const Cref = bb.Cref;
+        for (int M : Ms) {
+            const float alpha = 1.f, beta = 0.f;
+            // cuBLASLt's view of C^T[N][M] = W[N][K] A[M][K]^T in column-major terms: op(W) = W^T
+            // of a K x N matrix (ld K), A a K x M matrix (ld K), C an N x M matrix (ld N)
+            cublasLtMatmulDesc_t op;
+            cublasLtMatrixLayout_t lw, la, lc;
+            LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+            const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
+            LT(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, sh.K, sh.N, sh.K));
+            LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, sh.K, M, sh.K));
+            LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, sh.N, M, sh.N));
+            cublasLtMatmulPreference_t pref;
+            LT(cublasLtMatmulPreferenceCreate(&pref));
+            LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof ws_bytes));
+            cublasLtMatmulHeuristicResult_t res[32];
+            int nres = 0;
+            LT(cublasLtMatmulAlgoGetHeuristic(lt, op, lw, la, lc, lc, pref, 32, res, &nres));
+            std::vector<Cand> cands;
+            for (int i = 0; i < nres; i++) {
+                char l[32];
+                snprintf(l, sizeof l, "rank %d", i);
+                cands.push_back({res[i].algo, l});
+            }
+            for (int i = 0; i < std::min(nres, 4); i++) {
+                const int splits[] = {2, 3, 4, 6, 8, 12, 16};
+                for (int sk : splits) {
+                    cublasLtMatmulAlgo_t a = res[i].algo;
+                    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+                    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) !=
+                            CUBLAS_STATUS_SUCCESS ||
+                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                                                             sizeof red) != CUBLAS_STATUS_SUCCESS)
+                        continue;
+                    cublasLtMatmulHeuristicResult_t chk;
+                    if (cublasLtMatmulAlgoCheck(lt, op, lw, la, lc, lc, &a, &chk) != CUBLAS_STATUS_SUCCESS ||
+                        chk.workspaceSize > ws_bytes)
+                        continue;
+                    char l[48];
+                    snprintf(l, sizeof l, "rank %d split-K %d", i, sk);
+                    cands.push_back({a, l});
+                }
+            }
+            std::vector<float> ref((size_t)M * sh.N), got((size_t)M * sh.N);
+            auto check = [&](const char *what) {
+                CK(cudaMemcpy(got.data(), C, got.size() * 4, cudaMemcpyDeviceToHost));
+                double mx = 0, err = 0;
+                for (size_t i = 0; i < got.size(); i++) mx = std::max(mx, (double)fabsf(ref[i]));
+                for (size_t i = 0; i < got.size(); i++) {
+                    const double d = fabs((double)got[i] - ref[i]);
+                    err = d != d ? INFINITY : std::max(err, d);
+                }
+                if (!(err <= 1e-4 * mx)) {
+                    printf("MISMATCH %s M=%d %s: max error %.3g of %.3g\n", sh.name, M, what, err, mx);
+                    bad++;
+                    return false;
+                }
+                return true;
+            };
+            auto time_it = [&](auto launch) {
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                for (int l = 0; l < L; l++) launch(W[l]);
+                CK(cudaStreamEndCapture(st, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                const double us = time_graph(ge, st, 15) * 1e3 / L;
+                CK(cudaGraphExecDestroy(ge));
+                CK(cudaGraphDestroy(g));
+                return us;
+            };
+            // cublasGemmEx, the reference output and the baseline
+            auto gemmex = [&](const void *w, float *c) {
+                LT(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, M, sh.K, &alpha, w, CUDA_R_16BF, sh.K, A,
+                                CUDA_R_16BF, sh.K, &beta, c, CUDA_R_32F, sh.N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+            };
+            CK(cudaMemsetAsync(Cref, 0xff, (size_t)M * sh.N * 4, st));
+            gemmex(W[0], Cref);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(ref.data(), Cref, ref.size() * 4, cudaMemcpyDeviceToHost));
+            const double ex_us = time_it([&](const void *w) { gemmex(w, C); });
+            double best = 1e30, first_us = -1;
+            std::string best_label = "-", best_cfg;
+            for (size_t c = 0; c < cands.size(); c++) {
+                auto run = [&](const void *w) {
+                    return cublasLtMatmul(lt, op, &alpha, w, lw, A, la, &beta, C, lc, C, lc, &cands[c].algo, ws,
+                                          ws_bytes, st);
+                };
+                CK(cudaMemsetAsync(C, 0xff, (size_t)M * sh.N * 4, st));
+                if (run(W[0]) != CUBLAS_STATUS_SUCCESS) {
+                    printf("  %s M=%d %s: refused\n", sh.name, M, cands[c].label.c_str());
+                    continue;
+                }
+                CK(cudaStreamSynchronize(st));
+                if (!check(cands[c].label.c_str())) continue;
+                const double us = time_it([&](const void *w) { LT(run(w)); });
+                if (c == 0) first_us = us;
+                printf("  %s M=%d %-22s %8.2f us  %s\n", sh.name, M, cands[c].label.c_str(), us,
+                       algo_str(cands[c].algo).c_str());
+                if (us < best) best = us, best_label = cands[c].label, best_cfg = algo_str(cands[c].algo);
+            }
+            // the backend's pick (kd_cu_lt_gemm), as the backend calls it
+            double pick_us = -1;
+            {
+                auto run = [&](const void *w) {
+                    return kd_cu_lt_gemm(pick, M, sh.N, sh.K, (const __nv_bfloat16 *)A, sh.K,
+                                         (const __nv_bfloat16 *)w, sh.K, 0.f, C, sh.N, ws, ws_bytes, st);
+                };
+                CK(cudaMemsetAsync(C, 0xff, (size_t)M * sh.N * 4, st));
+                const cublasStatus_t s = run(W[0]);
+                if (s == CUBLAS_STATUS_SUCCESS) {
+                    CK(cudaStreamSynchronize(st));
+                    if (check("the backend's pick"))
+                        pick_us = time_it([&](const void *w) { LT(run(w)); });
+                } else {
+                    printf("MISMATCH %s M=%d: kd_cu_lt_gemm: %s\n", sh.name, M, cublasGetStatusString(s));
+                    bad++;
+                }
+            }
+            const double gbs = wbytes / (ex_us * 1e-6) / 1e9;
+            const std::string cell = bench_md_cell(sh.name);
+            snprintf(buf, sizeof buf,
+                     "| %s | %d | %d | %d | %.2f | %.0f | %.2f | %.2f | %.2f | %.0f %% | %s (%s) | %.2f | %.2f |\n",
+                     cell.c_str(), sh.N, sh.K, M, ex_us, gbs, first_us, best, best / ex_us,
+                     100.0 * wbytes / (best * 1e-6) / copy_bw, best_label.c_str(), best_cfg.c_str(), pick_us,
+                     pick_us / ex_us);
+            md += buf;
+            printf("%-20s N=%6d K=%5d M=%3d gemmEx %8.2f us (%5.0f GB/s) Lt first %8.2f best %8.2f (%s; %s) "
+                   "pick %8.2f; %d candidates\n",
+                   sh.name, sh.N, sh.K, M, ex_us, gbs, first_us, best, best_label.c_str(), best_cfg.c_str(), pick_us,
+                   (int)cands.size());
+            snprintf(buf, sizeof buf,
+                     "%s    {\"product\": \"%s\", \"N\": %d, \"K\": %d, \"M\": %d, \"gemmex_us\": %.3f, "
+                     "\"lt_first_us\": %.3f, \"best_us\": %.3f, \"best\": \"%s\", \"best_config\": \"%s\", "
+                     "\"pick_us\": %.3f, \"candidates\": %d}",
+                     first ? "" : ",\n", sh.name, sh.N, sh.K, M, ex_us, first_us, best, best_label.c_str(),
+                     best_cfg.c_str(), pick_us, (int)cands.size());
+            json += buf;
+            first = false;
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(lw), cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lc);
+            cublasLtMatmulDescDestroy(op);
+        }
+    }
+    json += "\n  ]\n}\n";
+    const std::string pre = argv[1];
+    FILE *f = fopen((pre + ".json").c_str(), "w");
+    if (f) fputs(json.c_str(), f), fclose(f);
+    f = fopen((pre + ".md").c_str(), "w");
+    if (f) {
+        fprintf(f, "# cuBLASLt algorithms for the 48B preset's products at 2-512 rows\n\n");
+        fprintf(f, "device: %s; date: %s; commit: %s; command: `%s`\n\n", prop.name, date, argv[2], argv[3]);
+        fprintf(f, "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each "
+                   "on its own copy of the weights (more than 4 x the L2), median of 15 replays, per launch. Copy "
+                   "floor in the same run: %.0f GB/s (read + write). Candidates: cuBLASLt's heuristic list (up to 32, "
+                   "32 MiB of workspace) and its first 4 with K split 2-16 ways; best: the fastest of them; the "
+                   "backend's pick: kd_cu_lt_gemm (gemm_lt.cuh).\n\n%s",
+                copy_bw / 1e9, md.c_str());
+        fclose(f);
+    }
+    kd_cu_lt_destroy(pick);
+    cublasLtDestroy(lt);
+    cublasDestroy(blas);
+    CK(cudaFree(ws));
+    CK(cudaStreamDestroy(st));
+    printf(bad ? "GEMM LT BENCH: %d MISMATCHES\n" : "GEMM LT BENCH DONE\n", bad);
+    return bad ? 1 : 0;
+}
