@@ -2,8 +2,8 @@
 // GPU (run by tests/cuda/run_device.sh on the device machine, not a bazel test):
 //   cuda_test ORACLE_DIR [quick | skinny]
 // ORACLE_DIR holds tiny/ and small/ (model/ and vectors.safetensors), like ../shared/oracle.
-// `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the GEMM
-// checks (f) and (h) alone, as in quick (for racecheck, too slow for the quick mode's models).
+// `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the skinny
+// GEMM's checks (f) alone, as in quick (for racecheck, too slow for the quick mode's models).
 // Exit: 0 all passed ("ALL CUDA CHECKS PASSED"), 1 a check failed, 2 no CUDA device or bad usage.
 //
 // (a) Random models in memory (several shapes: grouped value heads with V = 2K, K = V = 128,
@@ -1645,7 +1645,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const bool quick = argc > 2;
-    const bool skinny_only = quick && !strcmp(argv[2], "skinny"); /* the GEMM checks alone (sanitizers) */
+    const bool skinny_only = quick && !strcmp(argv[2], "skinny"); /* the skinny kernel's checks alone (sanitizers) */
     kd_cuda_info info;
     kd_cuda_describe(&info);
     if (kd_cuda_device_count() == 0) {
@@ -1671,13 +1671,14 @@ int main(int argc, char **argv) {
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     skinny_checks(seed + 41, quick);
-    lt_checks(seed + 43, quick);
     if (skinny_only) {
-        printf("%s (%d checks, the skinny and cuBLASLt GEMMs' alone)\n",
-               g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
+        printf("%s (%d checks, the skinny GEMM's alone)\n", g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
                g_checks);
         return g_failed ? 1 : 0;
     }
+    /* not in the skinny mode (racecheck): these run cuBLAS's kernels, none of this project's; racecheck
+     * reported hazards inside them (its Hopper nvjet kernels; logs/cuda_test_racecheck_cublas_h200_b911e05.log) */
+    lt_checks(seed + 43, quick);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         for (int bf = 0; bf < 2; bf++)
             for (kd_commit_mode mode : modes) {
