@@ -17,8 +17,9 @@ struct Plan {
 
 // Measured on the H200 (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md; 32 MiB of
 // workspace): the 48B preset's shapes where a candidate other than the heuristic's first ran at
-// least 4 % faster (the bench's run-to-run spread is up to about 3 %), at the row counts measured
-// (o_proj and the down projection: the same choice won at each row count of the range).
+// least 4 % faster (the bench's run-to-run spread is up to about 3 %), at the row counts measured;
+// the two ranges span row counts where the same choice won (o_proj at 2, 4 and 8 rows, the down
+// projection at 2 and 4). The head runs in chunks of at most 256 rows (cuda_backend.cu).
 const kd_lt_entry kPicks[] = {
     {2304, 4096, 2, 8, {2, 8}},          // o_proj: 9.24 -> 8.75 us at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
     {2304, 9216, 2, 4, {2, 16}},         // down_proj: 15.42 -> 14.70 us at 4 rows (14.88 -> 14.62 at 2)
