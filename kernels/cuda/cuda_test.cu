@@ -1668,6 +1668,8 @@ int main(int argc, char **argv) {
         {"F:HV2-K32-V320", 64, 1, 1, 2, 32, 320, 4, 1, 64, 97, 0, 0, 0, 0, 0},
         /* a model width past the RMSNorm's first pass (1024 threads of 8 channels): its later passes */
         {"G:D8224", 8224, 1, 1, 1, 32, 32, 4, 1, 64, 97, 0, 0, 0, 0, 0},
+        /* an MLP width not a multiple of 4: SwiGLU's one-column kernel (else 4 columns a thread) */
+        {"H:I66", 64, 1, 1, 2, 32, 32, 4, 1, 66, 97, 0, 0, 0, 0, 1},
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     skinny_checks(seed + 41, quick);
