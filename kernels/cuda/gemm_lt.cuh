@@ -2,9 +2,10 @@
 // does not take, through cuBLASLt with an algorithm chosen per shape.
 //
 // C[M][N] = A[M][K] W[N][K]^T + beta C (row-major, leading dimensions given), A and W bf16, C
-// fp32, fp32 accumulation. cublasGemmEx takes the first algorithm of cuBLAS's heuristic for
-// the shape; at the decode step's row counts (tens to hundreds of rows against weights of
-// thousands of rows) that is often not the fastest of the ones cuBLAS has: measured on the H200
+// fp32, fp32 accumulation. cublasGemmEx runs as fast as the first algorithm of cuBLASLt's
+// heuristic for the shape (at every shape measured); at the decode step's row counts (tens to
+// hundreds of rows against weights of thousands of rows) that is often not the fastest of the
+// algorithms cuBLAS has: measured on the H200
 // (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md), kd_cu_lt_pick names for the 48B
 // preset's shapes the heuristic rank (and the split of K) that was fastest there. The choice
 // is a table, not a timing at run time: the same build on the same device and cuBLAS always
@@ -28,8 +29,9 @@
 
 typedef struct kd_cu_lt kd_cu_lt;
 
-// What kd_cu_lt_pick names: the rank in cuBLASLt's heuristic list for the shape (0: the first,
-// the one cublasGemmEx takes) and, where split_k > 1, that algorithm with K split that many ways.
+// What kd_cu_lt_pick names: the rank in cuBLASLt's heuristic list for the shape (asked for 32
+// algorithms with KD_LT_WORKSPACE; 0: the first) and, where split_k > 1, that algorithm with K
+// split that many ways.
 typedef struct kd_lt_choice {
     int rank, split_k;
 } kd_lt_choice;
