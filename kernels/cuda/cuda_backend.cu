@@ -665,13 +665,15 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
                           cb->blas_ws, kBlasWorkspace, cb->stream);
         call = "cublasLtMatmul";
     }
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED && cb->bf16) // no cuBLASLt algorithm: cublasGemmEx's own
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED && cb->bf16) { // no cuBLASLt algorithm: cublasGemmEx's own
+        call = "cublasGemmEx";
         s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF,
                          (int)ldb, A, CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT);
-    else if (!cb->bf16)
+    } else if (!cb->bf16) {
         s = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, (const float *)B,
                         (int)ldb, (const float *)A, (int)lda, &beta, C, (int)ldc);
+    }
     if (s != CUBLAS_STATUS_SUCCESS)
         return kd_fail(err, "cuda backend: %s (GEMM %s, M %lld N %lld K %lld): %s", call, what, (long long)M,
                        (long long)N, (long long)K, cublasGetStatusString(s));

@@ -30,22 +30,11 @@
 static uint64_t g_rng = 0x243f6a8885a308d3ull; /* the weights' and activations' random fill */
 
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: %s OUT_PREFIX COMMIT COMMAND\n", argv[0]);
-        return 2;
-    }
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return printf("no CUDA device\n"), 2;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cublasHandle_t blas;
-    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas, st) != CUBLAS_STATUS_SUCCESS)
-        return printf("cublas\n"), 1;
-    void *ws;
-    CK(cudaMalloc(&ws, 32u << 20));
-    cublasSetWorkspace(blas, ws, 32u << 20);
+    BenchEnv env;
+    if (const int rc = bench_open(argc, argv, 32u << 20, &env); rc >= 0) return rc;
+    const cudaDeviceProp &prop = env.prop;
+    const cudaStream_t st = env.st;
+    const cublasHandle_t blas = env.blas;
 
     const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
     printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
@@ -97,12 +86,8 @@ int main(int argc, char **argv) {
                 CK(cudaStreamSynchronize(st));
                 if (f >= 0) {
                     CK(cudaMemcpy(got.data(), C, got.size() * 4, cudaMemcpyDeviceToHost));
-                    double mx = 0, err = 0;
-                    for (size_t i = 0; i < got.size(); i++) mx = std::max(mx, (double)fabsf(ref[i]));
-                    for (size_t i = 0; i < got.size(); i++) {
-                        const double d = fabs((double)got[i] - ref[i]);
-                        err = d != d ? INFINITY : std::max(err, d);
-                    }
+                    double mx;
+                    const double err = bench_max_error(got, ref, &mx);
                     if (!(err <= 1e-4 * mx)) {
                         printf("MISMATCH %s M=%d form %d: max error %.3g of %.3g\n", sh.name, M, f, err, mx);
                         bad++;
@@ -172,24 +157,18 @@ int main(int argc, char **argv) {
         }
     }
     json += "\n  ]\n}\n";
-    const std::string pre = argv[1];
-    FILE *f = fopen((pre + ".json").c_str(), "w");
-    if (f) fputs(json.c_str(), f), fclose(f);
-    f = fopen((pre + ".md").c_str(), "w");
-    if (f) {
-        fprintf(f, "# Skinny matrix products of the Kimi-Linear-48B KDA preset: cuBLAS vs the backend's kernel\n\n");
-        fprintf(f, "device: %s; date: %s; commit: %s; command: `%s`\n\n", prop.name, date, argv[2], argv[3]);
-        fprintf(f, "bf16 weights [N][K] and activations [M][K], fp32 output; a CUDA graph of launches, each on its own "
-                   "copy of the weights (more than 4 x the L2), median of 15 replays, per launch. Copy floor in the "
-                   "same run: %.0f GB/s (read + write). Forms: gemv.cuh (0: kd_cu_gemm_skinny's choice, "
-                   "kd_cu_skinny_pick's form where it names one, else by M). The last column: form 0 with the same "
-                   "weights in every launch, read from the L2 where they fit in half of it.\n\n%s",
-                copy_bw / 1e9, md.c_str());
-        fclose(f);
-    }
-    cublasDestroy(blas);
-    CK(cudaFree(ws));
-    CK(cudaStreamDestroy(st));
+    const std::string intro = bench_fmt(
+        "bf16 weights [N][K] and activations [M][K], fp32 output; a CUDA graph of launches, each on its own copy of "
+        "the weights (more than 4 x the L2), median of 15 replays, per launch. Copy floor in the same run: %.0f GB/s "
+        "(read + write). Forms: gemv.cuh (0: kd_cu_gemm_skinny's choice, kd_cu_skinny_pick's form where it names "
+        "one, else by M). The last column: form 0 with the same weights in every launch, read from the L2 where "
+        "they fit in half of it.\n\n",
+        copy_bw / 1e9);
+    const bool wrote = bench_write_results(argv, prop.name, date,
+                                           "Skinny matrix products of the Kimi-Linear-48B KDA preset: cuBLAS vs the "
+                                           "backend's kernel",
+                                           intro, json, md);
+    bench_close(&env);
     printf(bad ? "GEMM BENCH: %d MISMATCHES\n" : "GEMM BENCH DONE\n", bad);
-    return bad ? 1 : 0;
+    return bad || !wrote ? 1 : 0;
 }

@@ -3,10 +3,13 @@
 #ifndef KD_BENCH_GEMM_COMMON_CUH
 #define KD_BENCH_GEMM_COMMON_CUH
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -24,6 +27,87 @@ struct BenchShape {
 static const BenchShape kPresetProducts[] = {{"input projection", 12576, 2304}, {"f_proj.1 / g_proj.1", 4096, 128},
                                              {"o_proj", 2304, 4096},           {"gate|up", 18432, 2304},
                                              {"down_proj", 2304, 9216},         {"head", 163840, 2304}};
+
+// What both benchmarks run on: device 0, a non-blocking stream, a cuBLAS handle on it with a
+// workspace.
+struct BenchEnv {
+    cudaDeviceProp prop;
+    cudaStream_t st = nullptr;
+    cublasHandle_t blas = nullptr;
+    void *ws = nullptr;
+};
+
+// Checks the command line (OUT_PREFIX COMMIT COMMAND) and sets *e up: -1 when ready, else the
+// exit status (2: usage or no CUDA device, 1: cuBLAS), said on stderr.
+static inline int bench_open(int argc, char **argv, size_t ws_bytes, BenchEnv *e) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s OUT_PREFIX COMMIT COMMAND\n", argv[0]);
+        return 2;
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return fprintf(stderr, "no CUDA device\n"), 2;
+    CK(cudaGetDeviceProperties(&e->prop, 0));
+    CK(cudaStreamCreateWithFlags(&e->st, cudaStreamNonBlocking));
+    CK(cudaMalloc(&e->ws, ws_bytes));
+    cublasStatus_t s = cublasCreate(&e->blas);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(e->blas, e->st);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(e->blas, e->ws, ws_bytes);
+    if (s != CUBLAS_STATUS_SUCCESS) return fprintf(stderr, "cuBLAS set-up: %s\n", cublasGetStatusString(s)), 1;
+    return -1;
+}
+
+static inline void bench_close(BenchEnv *e) {
+    if (e->blas) cublasDestroy(e->blas);
+    CK(cudaFree(e->ws));
+    CK(cudaStreamDestroy(e->st));
+}
+
+// The largest |got - ref| (infinite where got has a NaN), and in *mx the largest |ref|: a product's
+// output against the reference product's.
+static inline double bench_max_error(const std::vector<float> &got, const std::vector<float> &ref, double *mx) {
+    double m = 0, err = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        m = std::max(m, (double)fabsf(ref[i]));
+        const double d = fabs((double)got[i] - ref[i]);
+        err = d != d ? INFINITY : std::max(err, d);
+    }
+    *mx = m;
+    return err;
+}
+
+// printf into a string.
+static inline std::string bench_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline std::string bench_fmt(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(nullptr, 0, fmt, ap);
+    va_end(ap);
+    std::string s(n > 0 ? (size_t)n : 0, '\0');
+    va_start(ap, fmt);
+    if (n > 0) vsnprintf(&s[0], (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+// text into the file at path; false, said on stderr, where it could not be written whole.
+static inline bool bench_write(const std::string &path, const std::string &text) {
+    FILE *f = fopen(path.c_str(), "w");
+    const bool ok = f && fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f && fclose(f) != 0) return fprintf(stderr, "%s: could not be written\n", path.c_str()), false;
+    if (!ok) fprintf(stderr, "%s: could not be written\n", path.c_str());
+    return ok;
+}
+
+// OUT_PREFIX.json and OUT_PREFIX.md (argv as bench_open took it): the markdown a title, the line of
+// device, date, commit and command, an introduction and the table; false where a file was not written.
+static inline bool bench_write_results(char **argv, const char *device, const char *date, const char *title,
+                                       const std::string &intro, const std::string &json, const std::string &md) {
+    const std::string pre = argv[1];
+    const std::string head = bench_fmt("# %s\n\ndevice: %s; date: %s; commit: %s; command: `%s`\n\n", title, device,
+                                       date, argv[2], argv[3]);
+    const bool j = bench_write(pre + ".json", json);
+    return bench_write(pre + ".md", head + intro + md) && j;
+}
 
 // Uniform in [-1, 1) from the xorshift state *s.
 static inline double bench_urand(uint64_t *s) {

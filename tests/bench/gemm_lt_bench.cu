@@ -66,25 +66,15 @@ static std::string algo_str(const cublasLtMatmulAlgo_t &a) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: %s OUT_PREFIX COMMIT COMMAND\n", argv[0]);
-        return 2;
-    }
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return printf("no CUDA device\n"), 2;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cublasHandle_t blas;
-    cublasLtHandle_t lt;
-    LT(cublasCreate(&blas));
-    LT(cublasSetStream(blas, st));
-    LT(cublasLtCreate(&lt));
     const size_t ws_bytes = KD_LT_WORKSPACE;
-    void *ws;
-    CK(cudaMalloc(&ws, ws_bytes));
-    LT(cublasSetWorkspace(blas, ws, ws_bytes));
+    BenchEnv env;
+    if (const int rc = bench_open(argc, argv, ws_bytes, &env); rc >= 0) return rc;
+    const cudaDeviceProp &prop = env.prop;
+    const cudaStream_t st = env.st;
+    const cublasHandle_t blas = env.blas;
+    void *const ws = env.ws;
+    cublasLtHandle_t lt;
+    LT(cublasLtCreate(&lt));
     kd_cu_lt *pick = nullptr;
     if (kd_cu_lt_create(&pick) != cudaSuccess) return printf("kd_cu_lt_create failed\n"), 1;
 
@@ -156,12 +146,8 @@ int main(int argc, char **argv) {
             std::vector<float> ref((size_t)M * sh.N), got((size_t)M * sh.N);
             auto check = [&](const char *what) {
                 CK(cudaMemcpy(got.data(), C, got.size() * 4, cudaMemcpyDeviceToHost));
-                double mx = 0, err = 0;
-                for (size_t i = 0; i < got.size(); i++) mx = std::max(mx, (double)fabsf(ref[i]));
-                for (size_t i = 0; i < got.size(); i++) {
-                    const double d = fabs((double)got[i] - ref[i]);
-                    err = d != d ? INFINITY : std::max(err, d);
-                }
+                double mx;
+                const double err = bench_max_error(got, ref, &mx);
                 if (!(err <= 1e-4 * mx)) {
                     printf("MISMATCH %s M=%d %s: max error %.3g of %.3g\n", sh.name, M, what, err, mx);
                     bad++;
@@ -256,26 +242,19 @@ int main(int argc, char **argv) {
         }
     }
     json += "\n  ]\n}\n";
-    const std::string pre = argv[1];
-    FILE *f = fopen((pre + ".json").c_str(), "w");
-    if (f) fputs(json.c_str(), f), fclose(f);
-    f = fopen((pre + ".md").c_str(), "w");
-    if (f) {
-        fprintf(f, "# cuBLASLt algorithms for the 48B preset's products at 2-512 rows\n\n");
-        fprintf(f, "device: %s; date: %s; commit: %s; command: `%s`\n\n", prop.name, date, argv[2], argv[3]);
-        fprintf(f, "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each "
-                   "on its own copy of the weights (more than 4 x the L2), median of 15 replays, per launch. Copy "
-                   "floor in the same run: %.0f GB/s (read + write). Candidates: cuBLASLt's heuristic list (up to 32, "
-                   "32 MiB of workspace) and its first 4 with K split 2-16 ways; best: the fastest of them; the "
-                   "backend's pick: kd_cu_lt_gemm (gemm_lt.cuh).\n\n%s",
-                copy_bw / 1e9, md.c_str());
-        fclose(f);
-    }
+    const std::string intro = bench_fmt(
+        "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each on its own "
+        "copy of the weights (more than 4 x the L2), median of 15 replays, per launch. Copy floor in the same run: "
+        "%.0f GB/s (read + write). Candidates: cuBLASLt's heuristic list (up to 32, 32 MiB of workspace) and its "
+        "first 4 with K split 2-16 ways; best: the fastest of them; the backend's pick: kd_cu_lt_gemm "
+        "(gemm_lt.cuh).\n\n",
+        copy_bw / 1e9);
+    const bool wrote = bench_write_results(argv, prop.name, date,
+                                           "cuBLASLt algorithms for the 48B preset's products at 2-512 rows", intro,
+                                           json, md);
     kd_cu_lt_destroy(pick);
     cublasLtDestroy(lt);
-    cublasDestroy(blas);
-    CK(cudaFree(ws));
-    CK(cudaStreamDestroy(st));
+    bench_close(&env);
     printf(bad ? "GEMM LT BENCH: %d MISMATCHES\n" : "GEMM LT BENCH DONE\n", bad);
-    return bad ? 1 : 0;
+    return bad || !wrote ? 1 : 0;
 }
