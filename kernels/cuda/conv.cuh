@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 constexpr int kd_conv_tokens = 4, kd_conv_width_max = 4; /* tokens a group; the widest conv taken that way */
@@ -14,21 +15,100 @@ constexpr int kd_conv_block = 256;                           /* threads a block 
 
 __device__ __forceinline__ float kd_silu_(float x) { return x * (1.f / (1.f + expf(-x))); } /* as ops.cu's silu_ */
 
-// The conv's grid for blocks of `threads`: x blocks over the channels, y over the token
+// The conv's grid for blocks of `threads`: x blocks over the channels [c0, c1), y over the token
 // groups (at most 65535; the blocks loop over the rest).
 inline void kd_conv_grid(const kd_cu_conv_args &a, int threads, unsigned *gx, unsigned *gy) {
-    const int64_t C = 2 * a.QK + a.VD, x = (C + threads - 1) / threads;
+    const int64_t C = 2 * a.QK + a.VD, x = ((a.c1 ? a.c1 : C) - a.c0 + threads - 1) / threads;
     const int64_t rows = !a.w || a.W <= kd_conv_width_max ? (a.N + kd_conv_tokens - 1) / kd_conv_tokens : a.N;
     *gx = (unsigned)(x < 1 ? 1 : x), *gy = (unsigned)(rows < 1 ? 1 : rows > 65535 ? 65535 : rows);
 }
 
-// Block (bx, by) of a grid of gy rows of blocks: x over channels (blockDim.x each), y over
-// groups of kd_conv_tokens tokens (no division per element; a token's record is the same for
-// the whole block). A thread takes its channel's weights once and a group's tokens together:
-// their inputs, then their histories, all loads in flight before the first product (one token
-// a thread at a time, each load waiting on the last, the kernel ran at a quarter of the memory
-// bandwidth with 128 tokens: cuda_bench's left-out table). The same arithmetic, in the same
-// order, for every token.
+// The taps of channel c (no conv: zeros): wc the history's, wl the current input's.
+__device__ __forceinline__ void kd_conv_taps(const kd_cu_conv_args &a, int64_t c, float (&wc)[kd_conv_width_max - 1],
+                                             float &wl) {
+    const int Hw = a.W - 1;
+#pragma unroll
+    for (int j = 0; j < kd_conv_width_max - 1; j++) wc[j] = a.w && j < Hw ? a.w[c * a.W + j] : 0.f;
+    wl = a.w ? a.w[c * a.W + Hw] : 0.f;
+}
+
+// What a thread loads for channels ch[0..NC) of the ng (<= G) tokens from t0, for a conv of width
+// at most kd_conv_width_max (or none): the inputs, the tokens' entries, then the histories (all
+// loads in flight before the first product: one token a thread at a time, each load waiting on
+// the last, the kernel ran at a quarter of the memory bandwidth with 128 tokens, cuda_bench's
+// left-out table).
+template <int NC, int G> struct kd_conv_in {
+    float xt[NC][G], xv[NC][G][kd_conv_width_max - 1];
+    kd_cu_tok tk[G];
+};
+
+template <int NC, int G>
+__device__ __forceinline__ void kd_conv_load(const kd_cu_conv_args &a, const int64_t (&ch)[NC], int64_t t0, int ng,
+                                             kd_conv_in<NC, G> &in) {
+    const float *__restrict__ proj = a.proj;
+    const kd_cu_tok *__restrict__ toks = a.toks;
+    const float *__restrict__ win = a.win;
+    const int64_t P = a.P, ws = a.ws, Hw = a.W - 1;
+    const bool conv = a.w != nullptr;
+    constexpr int WM = kd_conv_width_max;
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        if (g < ng) {
+#pragma unroll
+            for (int i = 0; i < NC; i++) in.xt[i][g] = proj[(t0 + g) * P + ch[i]];
+            if (conv) in.tk[g] = toks[t0 + g];
+        }
+    if (conv) {
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int j = 0; j < WM - 1; j++)
+                if (g < ng && j < Hw) {
+                    // history j holds the input at row position pos - Hw + j
+                    const int64_t tau = in.tk[g].pos - Hw + j;
+#pragma unroll
+                    for (int i = 0; i < NC; i++)
+                        in.xv[i][g][j] = tau >= 0 ? proj[(in.tk[g].start + tau) * P + ch[i]]
+                                                  : win[(int64_t)in.tk[g].slot * ws + ch[i] * Hw + Hw + tau];
+                }
+    }
+}
+
+// From what kd_conv_load loaded: y[i][g] the conv + SiLU (the same arithmetic, in the same order,
+// for every token and channel); a verify row's inputs go to its records.
+template <int NC, int G>
+__device__ __forceinline__ void kd_conv_out(const kd_cu_conv_args &a, const int64_t (&ch)[NC],
+                                            const float (&wc)[NC][kd_conv_width_max - 1], const float (&wl)[NC],
+                                            int ng, const kd_conv_in<NC, G> &in, float (&y)[NC][G]) {
+    float *__restrict__ xrec = a.xrec;
+    const int64_t C = 2 * a.QK + a.VD, Hw = a.W - 1;
+    const int Tw = a.Tw;
+    const bool conv = a.w != nullptr;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (g >= ng) break;
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            if (conv) {
+                float acc = wl[i] * in.xt[i][g];
+#pragma unroll
+                for (int j = 0; j < kd_conv_width_max - 1; j++)
+                    if (j < Hw) acc += wc[i][j] * in.xv[i][g][j];
+                y[i][g] = kd_silu_(acc);
+                if (in.tk[g].verify) xrec[((int64_t)in.tk[g].slot * Tw + in.tk[g].pos) * C + ch[i]] = in.xt[i][g];
+            } else {
+                y[i][g] = kd_silu_(in.xt[i][g]);
+            }
+        }
+    }
+}
+
+// Block (bx, by) of a grid of gy rows of blocks: x over the channels [c0, c1) (blockDim.x each),
+// y over groups of kd_conv_tokens tokens (no division per element; a token's record is the same
+// for the whole block). A thread takes its channel's weights once and a group's tokens together.
+// It waits for the kernel before (kd_dep_start) first, or with a.early after its first group's
+// loads: everything the conv reads must then have been written two or more kernels back
+// (launch.cuh), which the caller vouches for.
 __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int bx, int by, int gy) {
     const float *__restrict__ proj = a.proj;
     const kd_cu_tok *__restrict__ toks = a.toks;
@@ -39,55 +119,28 @@ __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int
     const int W = a.W, Tw = a.Tw;
     float *const q = a.q, *const k = a.k, *const v = a.v;
     constexpr int G = kd_conv_tokens, WM = kd_conv_width_max;
-    const int64_t C = 2 * QK + VD, Hw = W - 1;
-    const int64_t c = (int64_t)bx * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    const int64_t C = 2 * QK + VD, Hw = W - 1, c1 = a.c1 ? a.c1 : C;
+    const int64_t c = a.c0 + (int64_t)bx * blockDim.x + threadIdx.x;
+    const bool fast = !w || W <= WM, early = a.early && fast;
+    if (!early || c >= c1) kd_dep_start();
+    if (c >= c1) return;
     float *const dst = c < QK ? q + c : c < 2 * QK ? k + (c - QK) : v + (c - 2 * QK);
     const int64_t dld = c < 2 * QK ? QK : VD;
-    if (!w || W <= WM) {
-        float wc[WM - 1]; /* the history's taps; wl the current input's */
-#pragma unroll
-        for (int j = 0; j < WM - 1; j++) wc[j] = w && j < Hw ? w[c * W + j] : 0.f;
-        const float wl = w ? w[c * W + Hw] : 0.f;
+    if (fast) {
+        float wc[1][WM - 1], wl[1], y[1][G];
+        kd_conv_taps(a, c, wc[0], wl[0]);
+        const int64_t cc[1] = {c};
         for (int64_t t0 = (int64_t)by * G; t0 < N; t0 += (int64_t)gy * G) {
             const int ng = N - t0 < G ? (int)(N - t0) : G;
-            float xt[G], xv[G][WM - 1];
-            kd_cu_tok tk[G];
+            kd_conv_in<1, G> in;
+            kd_conv_load<1, G>(a, cc, t0, ng, in);
+            if (early && t0 == (int64_t)by * G) kd_dep_start();
+            kd_conv_out<1, G>(a, cc, wc, wl, ng, in, y);
 #pragma unroll
             for (int g = 0; g < G; g++)
-                if (g < ng) {
-                    xt[g] = proj[(t0 + g) * P + c];
-                    if (w) tk[g] = toks[t0 + g];
-                }
-            if (w) {
-#pragma unroll
-                for (int g = 0; g < G; g++)
-#pragma unroll
-                    for (int j = 0; j < WM - 1; j++)
-                        if (g < ng && j < Hw) {
-                            // history j holds the input at row position pos - Hw + j
-                            const int64_t tau = tk[g].pos - Hw + j;
-                            xv[g][j] = tau >= 0 ? proj[(tk[g].start + tau) * P + c]
-                                                : win[(int64_t)tk[g].slot * ws + c * Hw + Hw + tau];
-                        }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                if (g >= ng) break;
-                float y;
-                if (w) {
-                    float acc = wl * xt[g];
-#pragma unroll
-                    for (int j = 0; j < WM - 1; j++)
-                        if (j < Hw) acc += wc[j] * xv[g][j];
-                    y = kd_silu_(acc);
-                    if (tk[g].verify) xrec[((int64_t)tk[g].slot * Tw + tk[g].pos) * C + c] = xt[g];
-                } else {
-                    y = kd_silu_(xt[g]);
-                }
-                dst[(t0 + g) * dld] = y;
-            }
+                if (g < ng) dst[(t0 + g) * dld] = y[0][g];
         }
+        if (early && (int64_t)by * G >= N) kd_dep_start();
         return;
     }
     for (int64_t t = by; t < N; t += gy) { /* wider convs: a token at a time */

@@ -57,7 +57,13 @@
 // the conv into their launch, its blocks first (kd_cu_gemm_skinny_pair_conv: both read only
 // the input projection's output). 48B step on an H200, each in one run: at B = 1 s = 0 1.746 ms
 // with neither, 1.723 the copy alone, 1.718 the conv alone, 1.664 both; at B = 1 s = 3 (4 rows,
-// the conv alone) 2.161 -> 2.067 (tests/bench/results/kimi48b_cuda_h200.md).
+// the conv alone) 2.161 -> 2.067 (tests/bench/results/kimi48b_cuda_h200.md). From 128 rows the
+// conv of the q and k channels runs in the KDA prepare's kernel (kd_cu_conv_prepare: q and k
+// never go to memory; the v channels' conv runs alone just before it, so that the verify, which
+// loads v before its programmatic wait, finds it two kernels back; conv_prep_tokens). The conv
+// kernels load before their programmatic wait where the order of the step allows it
+// (kd_cu_conv_args.early: f_proj.1 + g_proj.1 between them and the input projection, the
+// windows folded before the first layer).
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
 // conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
 // RMSNorm inside the skinny products, were each slower on an H200 (every block of a product
@@ -164,6 +170,7 @@ struct cu_backend {
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
+    int conv_prep_g; // tokens a block of the conv + prepare kernel: 0 by rows (conv_prep_tokens), else 1, 2, 4
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
     // L2 prefetch of each layer's o_proj and leading gate|up weights on a second stream
     // (kd_cuda_set_prefetch): at most pf_bytes a layer, in forwards of at most pf_rows rows
@@ -712,6 +719,14 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
            gemm(cb, M, N1, K, A1, lda1, W1, ldw1, 0.f, C1, ldc1, what, err);
 }
 
+// Tokens a block of the conv + prepare kernel at N activation rows (kd_cu_conv_prepare), 0: the
+// conv and the prepare in their own kernels. Measured on an H200 (48B steps, each in one run
+// against the kernels apart, three runs): from 128 rows 2 tokens a block was the fastest, 0.01 to
+// 0.16 ms a step faster than apart (B = 128 s = 0 6.330 vs 6.363 ms, B = 128 s = 3 11.378 vs
+// 11.405 in the last run); at 1 and 4 rows the kernels apart were faster (1.664 vs 1.702-1.725 ms
+// at B = 1 s = 0: the conv sits in f_proj.1 + g_proj.1's launch there), at 32 rows the same.
+int conv_prep_tokens(int64_t N) { return N >= 128 ? 2 : 0; }
+
 // Offset of an activation-type pointer by n elements.
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
 
@@ -895,28 +910,44 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         } else {
             fa = cb->proj + 2 * QK + VD, flda = P;
         }
+        /* the conv's loads before its programmatic wait (early) where what it reads (the input
+         * projection's output, the windows) was written two or more kernels back: f_proj.1 + g_proj.1
+         * run between, and the windows were folded before the first layer */
+        const int early = !(sk & KD_CUDA_SKIP_FG_PROJ) && !(nvf && !fold_first);
+        kd_cu_conv_args ca = {cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL,
+                              (int)cb->W, xrec, b->max_window, cb->q, cb->k, cb->v, 0, 0, early};
+        /* the conv of the q and k channels in the prepare's kernel; then the v channels' conv runs
+         * alone or in f_proj.1 + g_proj.1's launch, two kernels before the verify, which loads v
+         * before its programmatic wait (kda.cu) */
+        const int cp_g = cb->conv_prep_g ? cb->conv_prep_g : conv_prep_tokens(N);
+        const bool conv_prep = cp_g && (cb->fuse & KD_CUDA_FUSE_CONV_PREP) &&
+                               !(sk & (KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE)) &&
+                               kd_cu_conv_prepare_ok(K, (int)cb->W, conv);
+        kd_cu_conv_args cv = ca;
+        if (conv_prep) cv.c0 = 2 * QK;
+        ca.early = early && VD > 0; /* the conv + prepare kernel: the v channels' conv just before it */
         /* the conv in the f/g products' launch where the skinny kernel takes them (both read only
          * the input projection's output; a per-layer conv fold would have to run between) */
-        const kd_cu_conv_args ca = {cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL,
-                                    (int)cb->W, xrec, b->max_window, cb->q, cb->k, cb->v};
         const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !(sk & KD_CUDA_SKIP_CONV) && !(nvf && !fold_first);
         bool conv_done = false;
         if (!(sk & KD_CUDA_SKIP_FG_PROJ) &&
             gemm_pair(cb, N, V, fa, flda, Ly->f1, V, HV * K, cb->graw, HV * K, act_at(cb, (void *)fa, V), flda, Ly->g1,
-                      V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err, conv_fuse ? &ca : nullptr, &conv_done))
+                      V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err, conv_fuse ? &cv : nullptr, &conv_done))
             return -1;
         if (nvf && !fold_first)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        if (!(sk & KD_CUDA_SKIP_CONV) && !conv_done)
-            KDA(kd_cu_conv_silu(cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL, (int)cb->W,
-                                xrec, b->max_window, cb->q, cb->k, cb->v, s));
+        if (!(sk & KD_CUDA_SKIP_CONV) && !conv_done) KDA(kd_cu_conv_silu_args(&cv, s));
+        /* graw early too where the v channels' conv ran alone, after f_proj.1 */
+        const kd_cu_prep_args pa = {(int32_t)cb->H, (int32_t)HV, (int32_t)K, !conv_done, cb->graw,
+                                    cb->proj + 2 * QK + VD + 2 * V, P, Ly->A_log, Ly->dt_bias, c->use_lower_bound,
+                                    c->allow_neg_eigval, (float)c->lower_bound, cb->qn, cb->kn, cb->qk, cb->decay,
+                                    cb->beta};
+        if (conv_prep) KDA(kd_cu_conv_prepare(&ca, &pa, cp_g, s));
         if (npf)
             KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        if (!(sk & KD_CUDA_SKIP_PREPARE))
-            KDA(kd_kda_prepare((int32_t)N, (int32_t)cb->H, (int32_t)HV, (int32_t)K, cb->q, cb->k, cb->graw,
-                               cb->proj + 2 * QK + VD + 2 * V, P, Ly->A_log, Ly->dt_bias, c->use_lower_bound,
-                               (float)c->lower_bound, c->allow_neg_eigval, cb->qn, cb->kn, cb->qk, cb->decay, cb->beta,
-                               s));
+        if (!(sk & KD_CUDA_SKIP_PREPARE) && !conv_prep)
+            KDA(kd_kda_prepare((int32_t)N, pa.H, pa.HV, pa.K, cb->q, cb->k, pa.graw, pa.braw, pa.braw_ld, pa.A_log,
+                               pa.dt_bias, pa.use_lb, pa.lb, pa.neg, pa.qn, pa.kn, pa.qk, pa.decay, pa.beta, s));
         if (nv && !(sk & KD_CUDA_SKIP_VERIFY)) {
             kd_kda_args a = layer_args(cb, l);
             a.n_rows = nv, a.rows = d_vrows;
@@ -1263,6 +1294,14 @@ extern "C" int kd_cuda_set_fuse(kd_backend *b, int mask) {
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->fuse = mask;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_conv_prep(kd_backend *b, int tokens) {
+    if (tokens != 0 && tokens != 1 && tokens != 2 && tokens != 4) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->conv_prep_g = tokens;
     return 0;
 }
 

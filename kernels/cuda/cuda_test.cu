@@ -1,9 +1,11 @@
 // cuda_test.cu: the CUDA backend against the CPU reference backend and the oracle. Needs a
 // GPU (run by tests/cuda/run_device.sh on the device machine, not a bazel test):
-//   cuda_test ORACLE_DIR [quick | skinny]
+//   cuda_test ORACLE_DIR [quick | skinny | fused]
 // ORACLE_DIR holds tiny/ and small/ (model/ and vectors.safetensors), like ../shared/oracle.
 // `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the skinny
-// GEMM's checks (f) alone, as in quick (for racecheck, too slow for the quick mode's models).
+// GEMM's checks (f) alone, as in quick (for racecheck, too slow for the quick mode's models);
+// `fused`: (g)'s conv + prepare cases alone, few steps, in plain stream order (for racecheck:
+// its kernel filter failed with an internal error on the conv's kernels, so it checks them all).
 // Exit: 0 all passed ("ALL CUDA CHECKS PASSED"), 1 a check failed, 2 no CUDA device or bad usage.
 //
 // (a) Random models in memory (several shapes: grouped value heads with V = 2K, K = V = 128,
@@ -37,9 +39,10 @@
 //     decode steps with every token and acceptance equal. The same for the L2 prefetch of
 //     weights (kd_cuda_set_prefetch, each mode) in every forward against none, and for
 //     f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) against two, and for the gates' bf16
-//     copy in the input projection's epilogue and the conv in f_proj.1 + g_proj.1's launch
-//     (kd_cuda_set_fuse) against their own kernels. The skinny kernel's pairs
-//     (kd_cu_gemm_skinny_pair), every form that pairs, against float64 references.
+//     copy in the input projection's epilogue, the conv in f_proj.1 + g_proj.1's launch and the
+//     conv of q and k in the KDA prepare's kernel (kd_cuda_set_fuse) against their own kernels.
+//     The skinny kernel's pairs (kd_cu_gemm_skinny_pair), every form that pairs, against
+//     float64 references.
 // (h) The cuBLASLt products (gemm_lt.cuh) against a float64 reference: odd shapes, padded
 //     leading dimensions, beta 0 and 1, and every shape of its table at both ends of its row
 //     range with the table's algorithm (sampled outputs; no NaN left of the poison); its plans
@@ -74,6 +77,7 @@ extern "C" {
 // ------------------------------------------------------------------------- reporting
 
 static int g_checks, g_failed;
+static bool g_plain_order; /* graph_case's backends in plain stream order (kd_cuda_set_pdl(0)) */
 
 static bool report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool report(bool ok, const char *fmt, ...) {
@@ -454,7 +458,11 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
     bool ok = kd_backend_load(p.cpu, &m.c, &m.w, &err) == 0 &&
               kd_backend_reserve(p.cpu, NS, ROWS, TOK, TW, mode, &err) == 0;
     if (!report(ok, "%s cpu load + reserve%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) goto done;
-    ok = kd_backend_load(p.gpu, &m.c, &m.w, &err) == 0 && kd_backend_reserve(p.gpu, NS, ROWS, TOK, TW, mode, &err) == 0;
+    /* the conv + prepare kernel at every row count (by default only from 128 rows), with 4 / 1 / 2
+     * tokens a block by commit mode */
+    ok = kd_backend_load(p.gpu, &m.c, &m.w, &err) == 0 &&
+         kd_backend_reserve(p.gpu, NS, ROWS, TOK, TW, mode, &err) == 0 &&
+         kd_cuda_set_conv_prep(p.gpu, mode == KD_COMMIT_DEFERRED ? 4 : mode == KD_COMMIT_EAGER ? 1 : 2) == 0;
     if (!report(ok, "%s gpu load + reserve (D=%d L=%d H=%d HV=%d K=%d V=%d conv=%d W=%d I=%d vocab=%d lb=%d neg=%d tied=%d)%s%s",
                 lab, s.D, s.L, s.H, s.HV, s.K, s.V, s.conv, s.W, s.I, s.vocab, s.lb, s.neg, s.tied, ok ? "" : ": ",
                 ok ? "" : err.msg))
@@ -838,12 +846,21 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // second never (variant 6: mode 2 with gate|up's rows before o_proj's, kd_cuda_set_prefetch_order).
 // Variant 5: the same with f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) on the first only.
 // Variants 7 / 8: the same with the gates' bf16 copy in the input projection's epilogue / the
-// conv and f_proj.1 + g_proj.1 in one launch (kd_cuda_set_fuse) on the first only.
+// conv and f_proj.1 + g_proj.1 in one launch (kd_cuda_set_fuse) on the first only. Variant 9:
+// the conv of q and k in the prepare's kernel, 4 tokens a block, at every row count
+// (kd_cuda_set_conv_prep; the v channels' conv alone) on the first, every kernel its own on the
+// second; variant 10: 1 token a block, the v channels' conv in f_proj.1 + g_proj.1's launch on
+// the first, the whole conv there on the second; variant 11: as 9 with 2 tokens a block.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
     const int32_t NS = 8, TW = 4;
     const bool folds = variant >= 1; /* two bf16 backends with graphs, logits compared first */
+    const int fuse_masks[5][2] = {{KD_CUDA_FUSE_COPY, 0},
+                                  {KD_CUDA_FUSE_CONV, 0},
+                                  {KD_CUDA_FUSE_CONV_PREP, 0},
+                                  {KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP, KD_CUDA_FUSE_CONV},
+                                  {KD_CUDA_FUSE_CONV_PREP, 0}};
     kd_err err;
     kd_backend *be[2] = {kd_cuda_backend_create(folds, &err), kd_cuda_backend_create(folds, &err)};
     bool ok = be[0] && be[1];
@@ -857,15 +874,19 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                   0) &&
              kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
              (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0) &&
-             (variant < 7 ||
-              kd_cuda_set_fuse(be[i], i ? 0 : variant == 7 ? KD_CUDA_FUSE_COPY : KD_CUDA_FUSE_CONV) == 0);
-    char tag[64], vs[96];
+             (variant < 7 || kd_cuda_set_fuse(be[i], fuse_masks[variant - 7][i]) == 0) &&
+             kd_cuda_set_conv_prep(be[i], variant == 9 ? 4 : variant == 10 ? 1 : variant == 11 ? 2 : 0) == 0 &&
+             (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
+    char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
     else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
     else snprintf(tag, sizeof tag, "%s", variant == 0   ? "graphs"
                                             : variant == 1 ? "conv folds"
                                             : variant == 7 ? "copy epilogue"
                                             : variant == 8 ? "conv + f/g launch"
+                                            : variant == 9 ? "conv + prepare"
+                                            : variant == 10 ? "conv + prepare, v conv + f/g launch"
+                                            : variant == 11 ? "conv + prepare, 2 tokens a block"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
@@ -873,6 +894,9 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
              : variant == 7 ? "bf16, the gates' copy in the input projection / its own kernel"
              : variant == 8 ? "bf16, the conv and f_proj.1 + g_proj.1 in one launch / their own"
+             : variant == 9 || variant == 11 ? "bf16, the q and k conv in the prepare's kernel / every kernel its own"
+             : variant == 10 ? "bf16, the q and k conv in the prepare's kernel and the v conv in f_proj.1 + "
+                               "g_proj.1's launch / the whole conv there"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -1438,7 +1462,7 @@ static void skinny_checks(uint64_t seed, bool quick) {
                cudaGetErrorName(e2), cudaGetErrorName(e3));
         /* the pair with the conv: only in the forms that pair, only with a conv to run */
         const kd_skinny_job j = {fake, 256, fake, 256, fc, 64, 64};
-        const kd_cu_conv_args ca = {fc, 64, 1, 16, 16, NULL, fc, 64, NULL, 4, fc, 4, fc, fc, fc};
+        const kd_cu_conv_args ca = {fc, 64, 1, 16, 16, NULL, fc, 64, NULL, 4, fc, 4, fc, fc, fc, 0, 0, 0};
         const cudaError_t e4 = kd_cu_gemm_skinny_pair_conv(9, 1, 256, &j, &j, 0.f, &ca, 0);
         const cudaError_t e5 = kd_cu_gemm_skinny_pair_conv(5, 1, 256, &j, &j, 0.f, NULL, 0);
         report(e4 == cudaErrorInvalidValue && e5 == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
@@ -1640,8 +1664,8 @@ static void lt_checks(uint64_t seed, bool quick) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick") && strcmp(argv[2], "skinny"))) {
-        fprintf(stderr, "usage: %s ORACLE_DIR [quick | skinny]\n", argv[0]);
+    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick") && strcmp(argv[2], "skinny") && strcmp(argv[2], "fused"))) {
+        fprintf(stderr, "usage: %s ORACLE_DIR [quick | skinny | fused]\n", argv[0]);
         return 2;
     }
     const bool quick = argc > 2;
@@ -1672,6 +1696,14 @@ int main(int argc, char **argv) {
         {"H:I66", 64, 1, 1, 2, 32, 32, 4, 1, 66, 97, 0, 0, 0, 0, 1},
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
+    if (quick && !strcmp(argv[2], "fused")) { /* the conv + prepare kernel's cases alone (racecheck) */
+        g_plain_order = true;
+        for (int v = 9; v <= 11; v++) graph_case(specs[0], seed + 25 + v, 4, v);
+        graph_case(specs[2], seed + 35, 4, 9);
+        printf("%s (%d checks, the conv + prepare cases alone)\n",
+               g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED", g_checks);
+        return g_failed ? 1 : 0;
+    }
     skinny_checks(seed + 41, quick);
     if (skinny_only) {
         printf("%s (%d checks, the skinny GEMM's alone)\n", g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
@@ -1699,6 +1731,10 @@ int main(int argc, char **argv) {
     graph_case(specs[quick ? 0 : 1], seed + 30, quick ? 8 : 30, 6);
     graph_case(specs[0], seed + 32, quick ? 8 : 30, 7);
     graph_case(specs[quick ? 0 : 1], seed + 33, quick ? 8 : 30, 8);
+    graph_case(specs[0], seed + 34, quick ? 8 : 30, 9);
+    if (!quick) graph_case(specs[2], seed + 35, 30, 9);
+    graph_case(specs[quick ? 0 : 1], seed + 36, quick ? 8 : 30, 10);
+    graph_case(specs[quick ? 0 : 4], seed + 37, quick ? 8 : 30, 11);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

@@ -116,8 +116,7 @@ __global__ void __launch_bounds__(NW * 32) skinny_tc_pair_kernel(int M, int KB, 
                                                                  conv_grid cg) {
     const int b = (int)blockIdx.x - cg.x * cg.y;
     if (b < 0) {
-        kd_dep_start();
-        kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y);
+        kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y); /* waits first: ca.early 0 */
     } else if (b < nb0) {
         tc_body<NT, NW, U, CONTIG>(b, M, (int)j0.N, KB, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc);
     } else {
@@ -232,8 +231,7 @@ __global__ void __launch_bounds__(256) skinny_row_pair_kernel(int M, int K, kd_s
                                                               float beta, kd_cu_conv_args ca, conv_grid cg) {
     const int b = (int)blockIdx.x - cg.x * cg.y;
     if (b < 0) {
-        kd_dep_start();
-        kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y);
+        kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y); /* waits first: ca.early 0 */
     } else if (b < nb0) {
         row_body<MT, RW, U, false>(b, M, (int)j0.N, K, j0.A, j0.lda, j0.W, j0.ldw, beta, j0.C, j0.ldc, nullptr);
     } else {
@@ -330,7 +328,8 @@ cudaError_t launch_tc_pair(int m, int kb, const kd_skinny_job &j0, const kd_skin
                            const kd_cu_conv_args *conv, cudaStream_t s) {
     const int nb0 = (int)((j0.N + 15) / 16), nb1 = (int)((j1.N + 15) / 16);
     const conv_grid cg = pair_conv_grid(conv, NW * 32);
-    const kd_cu_conv_args ca = conv ? *conv : kd_cu_conv_args{};
+    kd_cu_conv_args ca = conv ? *conv : kd_cu_conv_args{};
+    ca.early = 0; /* the input projection may be the kernel just before */
     const dim3 grid((unsigned)(cg.x * cg.y + nb0 + nb1)), block(NW * 32);
     switch ((m + 7) / 8) {
 #define KD_SKINNY_TC2(NT) \
@@ -348,7 +347,8 @@ cudaError_t launch_row_pair(int m, int k, const kd_skinny_job &j0, const kd_skin
                             const kd_cu_conv_args *conv, cudaStream_t s) {
     const int nb0 = (int)((j0.N + 8 * RW - 1) / (8 * RW)), nb1 = (int)((j1.N + 8 * RW - 1) / (8 * RW));
     const conv_grid cg = pair_conv_grid(conv, 256);
-    const kd_cu_conv_args ca = conv ? *conv : kd_cu_conv_args{};
+    kd_cu_conv_args ca = conv ? *conv : kd_cu_conv_args{};
+    ca.early = 0; /* the input projection may be the kernel just before */
     const dim3 grid((unsigned)(cg.x * cg.y + nb0 + nb1)), block(256);
     switch (m) {
 #define KD_SKINNY_ROW2(MT) \

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/kda.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/prepare.cuh"
 
 namespace {
 
@@ -29,14 +30,6 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
-__device__ __forceinline__ float softplusf_(float x) {
-    return x > 20.f ? x : (x < -20.f ? expf(x) : log1pf(expf(x)));
-}
-__device__ __forceinline__ float gatef_(float z, float a, int use_lb, float lb) {
-    return use_lb ? lb * sigmoidf_(a * z) : -a * softplusf_(z);
-}
 
 template <int R>
 __device__ __forceinline__ float group_sum(float x) {
@@ -142,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     // B = 1 the staging's waits and index arithmetic, not the state's arithmetic, were the
     // time). Group A is what earlier steps and kernels wrote (v, the records): it is issued,
     // with the state's loads, before pdl_wait, so under a programmatic launch it overlaps the
-    // kernel before (kd_kda_prepare, which writes only qn, kn, qk, decay and beta); group B
+    // kernel before (kd_kda_prepare or kd_cu_conv_prepare: qn, kn, qk, decay, beta, conv records); group B
     // (those five) comes after the wait, and lands while the block folds. The records are the
     // normalised keys and decays of the last window as prepare made them: the fold needs no
     // arithmetic of its own before it starts.
@@ -566,43 +559,33 @@ __global__ void commit_store_all_kernel(const kd_kda_args a) {
     }
 }
 
-// Per token and head: q, k normalised (q scaled), decay, beta.
+// Per token and head: q, k normalised (q scaled), decay, beta (prepare.cuh's arithmetic).
 __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *q, const float *k, const float *graw,
                                const float *braw, int64_t braw_ld, const float *A_log, const float *dt_bias,
                                int32_t use_lb, float lb, int32_t neg, float *qn, float *kn, float *qk, float *decay,
                                float *beta) {
     kd_dep_start();
     const size_t n = blockIdx.x;
-    const int h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    __shared__ float red[3][32];
+    const int h = blockIdx.y;
+    __shared__ float red[1][3][32];
     if (h < H) { // q and k of key head h, and their product
         const float *qi = q + (n * H + h) * K, *ki = k + (n * H + h) * K;
-        float sq = 0.f, sk = 0.f, sqk = 0.f;
-        for (int c = threadIdx.x; c < K; c += blockDim.x) sq += qi[c] * qi[c], sk += ki[c] * ki[c], sqk += qi[c] * ki[c];
-#pragma unroll
-        for (int m = 16; m >= 1; m /= 2) {
-            sq += __shfl_xor_sync(0xffffffffu, sq, m), sk += __shfl_xor_sync(0xffffffffu, sk, m);
-            sqk += __shfl_xor_sync(0xffffffffu, sqk, m);
-        }
-        if (lane == 0) red[0][warp] = sq, red[1][warp] = sk, red[2][warp] = sqk;
-        __syncthreads();
-        sq = sk = sqk = 0.f;
-        for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sq += red[0][w], sk += red[1][w], sqk += red[2][w];
-        const float iq = rsqrtf(sq + 1e-6f) * rsqrtf((float)K), ik = rsqrtf(sk + 1e-6f);
+        float sq[1] = {0.f}, sk[1] = {0.f}, sqk[1] = {0.f};
+        for (int c = threadIdx.x; c < K; c += blockDim.x)
+            sq[0] += qi[c] * qi[c], sk[0] += ki[c] * ki[c], sqk[0] += qi[c] * ki[c];
+        kd_prep_sums<1>(sq, sk, sqk, red);
+        const float iq = kd_prep_qscale(sq[0], K), ik = kd_prep_kscale(sk[0]);
         for (int c = threadIdx.x; c < K; c += blockDim.x) {
             qn[(n * H + h) * K + c] = qi[c] * iq;
             kn[(n * H + h) * K + c] = ki[c] * ik;
         }
-        if (qk && threadIdx.x == 0) qk[n * H + h] = sqk * iq * ik;
+        if (qk && threadIdx.x == 0) qk[n * H + h] = sqk[0] * iq * ik;
     }
     if (h < HV) { // decay and beta of value head h
         const float A = expf(A_log[h]);
         for (int c = threadIdx.x; c < K; c += blockDim.x)
-            decay[(n * HV + h) * K + c] = expf(gatef_(graw[(n * HV + h) * K + c] + dt_bias[h * K + c], A, use_lb, lb));
-        if (threadIdx.x == 0) {
-            const float b = 1.f / (1.f + expf(-braw[n * braw_ld + h]));
-            beta[n * HV + h] = neg ? 2.f * b : b;
-        }
+            decay[(n * HV + h) * K + c] = kd_prep_decay(graw[(n * HV + h) * K + c] + dt_bias[h * K + c], A, use_lb, lb);
+        if (threadIdx.x == 0) beta[n * HV + h] = kd_prep_beta(braw[n * braw_ld + h], neg);
     }
 }
 
@@ -1508,7 +1491,8 @@ int g_closed_form;
  * (kd_kda_pdl(0): plain stream order): its blocks start while that kernel finishes and load
  * everything it cannot have written (see verify_kernel). The contract: the kernel right
  * before kd_kda_verify in the stream writes none of the state, the records or v (the
- * backend's is kd_kda_prepare, which writes qn, kn, qk, decay and beta), and it lets the
+ * backend's is kd_kda_prepare or kd_cu_conv_prepare, which write qn, kn, qk, decay and beta,
+ * and the latter the conv records of the q and k channels), and it lets the
  * verify be scheduled only once the kernels before it have finished (in plain stream order,
  * or launched by kd_launch_dep, which waits before it triggers: launch.cuh), since v comes
  * from the kernel two back. */

@@ -7,10 +7,11 @@
 // runs (inside a CUDA graph too: the capture keeps the programmatic edges), but none of them
 // reads anything written in the stream before its own wait, and a kernel is only scheduled
 // once the kernel before it has passed its wait: the chain keeps stream order for every
-// byte. Four kernels load before their wait: the skinny GEMM (gemv.cu) and the RMSNorm
+// byte. Some kernels load before their wait: the skinny GEMM (gemv.cu) and the RMSNorm
 // (ops.cu) their weights, which are never written, and the CUDA-core and one-pass KDA
-// verifies, which rely on the last point (kda.cu: what they load early was written two or more
-// kernels back, so it is complete once their predecessor has started).
+// verifies and the conv kernels (conv.cuh, ops.cu's conv + prepare, where the backend says so:
+// kd_cu_conv_args.early), which rely on the last point (what they load early was written two or
+// more kernels back, so it is complete once their predecessor has started).
 //
 // Measured and not kept: the norms triggering before their wait, so that the weight product
 // after each is scheduled while the product before it finishes: no change in a 48B step on

@@ -7,6 +7,7 @@
 #include "kernels/cuda/conv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/prepare.cuh"
 
 namespace {
 
@@ -125,30 +126,112 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
 
 // The conv + SiLU alone (conv.cuh; f_proj.1 + g_proj.1's launch may run it instead).
 __global__ void conv_silu_kernel(const kd_cu_conv_args a) {
-    kd_dep_start();
     kd_conv_silu_block(a, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.y);
 }
 
+// The conv of the q and k channels and the prepare (kd_cu_conv_prepare): block (x, h) takes
+// key head h's K channels of q and of k (a thread each) for G tokens from x G, and the decays
+// and betas of h's value heads for those tokens. With a.early the conv's loads (its inputs, the
+// tokens' entries, the histories) and beta's are issued before the programmatic wait, and with
+// p.graw_early the first value head's gate inputs too; the q and k sums of the G tokens are
+// reduced with one barrier. The arithmetic
+// is conv.cuh's and prepare.cuh's, in their order: the same bits as the conv kernel followed by
+// kd_kda_prepare.
+template <int G>
+__global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args a, const kd_cu_prep_args p) {
+    constexpr int WM = kd_conv_width_max;
+    const int h = blockIdx.y, c = threadIdx.x, K = p.K, H = p.H, HV = p.HV, R = HV / H;
+    const bool live = c < K;
+    const int64_t t0 = (int64_t)blockIdx.x * G, N = a.N;
+    const int ng = N - t0 < G ? (int)(N - t0) : G;
+    const int64_t ch[2] = {(int64_t)h * K + c, a.QK + (int64_t)h * K + c};
+    const int hv0 = h * R;
+    float wc[2][WM - 1], wl[2], y[2][G], bz = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; i++) kd_conv_taps(a, live ? ch[i] : 0, wc[i], wl[i]); /* never written */
+    const float dtb0 = live ? p.dt_bias[hv0 * K + c] : 0.f;
+    kd_conv_in<2, G> in;
+    float gz[G]; /* the gate inputs of the first value head (f_proj.1's output) */
+    const bool gearly = a.early && p.graw_early;
+    if (!a.early) kd_dep_start();
+    if (gearly)
+#pragma unroll
+        for (int g = 0; g < G; g++) gz[g] = live && g < ng ? p.graw[((t0 + g) * HV + hv0) * K + c] : 0.f;
+    if (live) kd_conv_load<2, G>(a, ch, t0, ng, in);
+    if (c < ng) bz = p.braw[(t0 + c) * p.braw_ld + hv0]; /* the input projection's, like the conv's inputs */
+    if (a.early) kd_dep_start();
+    if (!gearly)
+#pragma unroll
+        for (int g = 0; g < G; g++) gz[g] = live && g < ng ? p.graw[((t0 + g) * HV + hv0) * K + c] : 0.f;
+    if (live) kd_conv_out<2, G>(a, ch, wc, wl, ng, in, y);
+    // decays and betas of the value heads hv0 .. hv0 + R - 1
+    for (int r = 0; r < R; r++) {
+        const int hv = hv0 + r;
+        const float A = expf(p.A_log[hv]);
+        if (live) {
+            const float dtb = r ? p.dt_bias[hv * K + c] : dtb0;
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                if (g < ng) {
+                    const int64_t e = ((t0 + g) * HV + hv) * K + c;
+                    p.decay[e] = kd_prep_decay((r ? p.graw[e] : gz[g]) + dtb, A, p.use_lb, p.lb);
+                }
+        }
+        if (c < ng) p.beta[(t0 + c) * HV + hv] = kd_prep_beta(r ? p.braw[(t0 + c) * p.braw_ld + hv] : bz, p.neg);
+    }
+    // the norms of q and k (prepare.cuh's order)
+    __shared__ float red[G][3][32];
+    float sq[G], sk[G], sqk[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        sq[g] = sk[g] = sqk[g] = 0.f;
+        if (live && g < ng) sq[g] += y[0][g] * y[0][g], sk[g] += y[1][g] * y[1][g], sqk[g] += y[0][g] * y[1][g];
+    }
+    kd_prep_sums<G>(sq, sk, sqk, red);
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        if (live && g < ng) {
+            const float iq = kd_prep_qscale(sq[g], K), ik = kd_prep_kscale(sk[g]);
+            const int64_t e = ((t0 + g) * H + h) * K + c;
+            p.qn[e] = y[0][g] * iq, p.kn[e] = y[1][g] * ik;
+            if (p.qk && c == 0) p.qk[(t0 + g) * H + h] = sqk[g] * iq * ik;
+        }
+}
+
 // Layer l's windows and records at win + l * lwin, xrec + l * lxrec (L layers at once: the
-// folds of verify windows, whose inputs all come from the step before).
+// folds of verify windows, whose inputs all come from the step before). Block (x, y, l): 256
+// channels of folds y, y + gridDim.y, ... in layer l, no division per element (with a thread an
+// element and four 64-bit divisions each, it ran at 1.8 TB/s under ncu on an H200: 128 folds of
+// 4 inputs, 20 layers). A window of at most kd_conv_width_max - 1 entries is read whole before
+// it is written (its loads in flight at once).
 __global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t ws,
-                                 const float *xrec, int Tw, const float *proj, int64_t P, int L, int64_t lwin,
+                                 const float *xrec, int Tw, const float *proj, int64_t P, int64_t lwin,
                                  int64_t lxrec) {
     kd_dep_start();
-    const int64_t Hw = W - 1, per = (int64_t)n_folds * C;
-    GRID_LOOP(i, per * L) {
-        const int64_t l = i / per, fi = i % per;
-        const kd_cu_fold f = folds[fi / C];
-        const int64_t c = fi % C, n = f.n;
+    const int64_t Hw = W - 1, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, l = blockIdx.z;
+    if (c >= C) return;
+    const float *xr = xrec + l * lxrec;
+    for (int fi = blockIdx.y; fi < n_folds; fi += gridDim.y) {
+        const kd_cu_fold f = folds[fi];
+        const int64_t n = f.n;
         float *hw = win + l * lwin + (int64_t)f.slot * ws + c * Hw;
-        const float *xr = xrec + l * lxrec;
-        for (int64_t j = 0; j < Hw; j++) { // ascending: reads only ahead of what it writes
-            const int64_t src = j + n - Hw; // input index when j + n >= Hw
-            float val;
-            if (j + n < Hw) val = hw[j + n];
-            else if (f.start >= 0) val = proj[((int64_t)f.start + src) * P + c];
-            else val = xr[((int64_t)f.slot * Tw + f.rec_off + src) * C + c];
-            hw[j] = val;
+        // entry j: the input at j + n - Hw when j + n >= Hw, else the old entry j + n
+        auto entry = [&](int64_t j) {
+            const int64_t src = j + n - Hw;
+            if (j + n < Hw) return hw[j + n];
+            if (f.start >= 0) return proj[((int64_t)f.start + src) * P + c];
+            return xr[((int64_t)f.slot * Tw + f.rec_off + src) * C + c];
+        };
+        if (Hw <= kd_conv_width_max - 1) {
+            float e[kd_conv_width_max - 1];
+#pragma unroll
+            for (int j = 0; j < kd_conv_width_max - 1; j++)
+                if (j < Hw) e[j] = entry(j);
+#pragma unroll
+            for (int j = 0; j < kd_conv_width_max - 1; j++)
+                if (j < Hw) hw[j] = e[j];
+        } else {
+            for (int64_t j = 0; j < Hw; j++) hw[j] = entry(j); // ascending: reads only ahead of what it writes
         }
     }
 }
@@ -325,27 +408,59 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD, const kd_cu_tok *toks,
                             const float *win, int64_t win_stride, const float *w, int W, float *xrec, int Tw,
                             float *q, float *k, float *v, cudaStream_t s) {
-    if (N <= 0) return cudaSuccess;
-    if (w && W < 1) return cudaErrorInvalidValue;
-    const kd_cu_conv_args a = {proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw, q, k, v};
+    const kd_cu_conv_args a = {proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw, q, k, v, 0, 0, 0};
+    return kd_cu_conv_silu_args(&a, s);
+}
+
+cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
+    const int64_t C = 2 * a->QK + a->VD;
+    if (a->N <= 0 || a->c0 >= (a->c1 ? a->c1 : C)) return cudaSuccess;
+    if ((a->w && a->W < 1) || a->c0 < 0 || a->c1 < 0 || a->c1 > C) return cudaErrorInvalidValue;
     unsigned gx = 0, gy = 0;
-    kd_conv_grid(a, kd_conv_block, &gx, &gy);
-    return kd_launch_dep(conv_silu_kernel, dim3(gx, gy), dim3(kd_conv_block), 0, s, a);
+    kd_conv_grid(*a, kd_conv_block, &gx, &gy);
+    return kd_launch_dep(conv_silu_kernel, dim3(gx, gy), dim3(kd_conv_block), 0, s, *a);
+}
+
+int kd_cu_conv_prepare_ok(int64_t K, int W, int has_conv) {
+    return K >= 1 && K <= 128 && (!has_conv || (W >= 1 && W <= kd_conv_width_max));
+}
+
+cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int G, cudaStream_t s) {
+    if (conv->N <= 0) return cudaSuccess;
+    if (!kd_cu_conv_prepare_ok(p->K, conv->W, conv->w != nullptr) || p->H < 1 || p->H > 65535 || p->HV % p->H ||
+        conv->QK != (int64_t)p->H * p->K || (G != 1 && G != 2 && G != 4))
+        return cudaErrorInvalidValue;
+    const int64_t groups = (conv->N + G - 1) / G;
+    if (groups > 0x7fffffff) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)groups, (unsigned)p->H);
+    const unsigned threads = (unsigned)(p->K + 31) / 32 * 32; /* as kd_kda_prepare's blocks for K <= 128 */
+    if (G == 1) return kd_launch_dep(conv_prepare_kernel<1>, grid, dim3(threads), 0, s, *conv, *p);
+    if (G == 2) return kd_launch_dep(conv_prepare_kernel<2>, grid, dim3(threads), 0, s, *conv, *p);
+    return kd_launch_dep(conv_prepare_kernel<4>, grid, dim3(threads), 0, s, *conv, *p);
+}
+
+// conv_fold_kernel's grid: channels, folds (at most 65535 rows of blocks; they loop over the
+// rest), layers.
+static dim3 fold_grid(int n_folds, int64_t C, int L) {
+    const int64_t x = (C + kBlock - 1) / kBlock;
+    return dim3((unsigned)(x > 0x7fffffff ? 0x7fffffff : x), (unsigned)(n_folds > 65535 ? 65535 : n_folds),
+                (unsigned)L);
 }
 
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t win_stride,
                             const float *xrec, int Tw, const float *proj, int64_t P, cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
-    return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C)), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
-                  win_stride, xrec, Tw, proj, P, 1, (int64_t)0, (int64_t)0);
+    return kd_launch_dep(conv_fold_kernel, fold_grid(n_folds, C, 1), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
+                         win_stride, xrec, Tw, proj, P, (int64_t)0, (int64_t)0);
 }
 
 cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, int64_t C, int W, float *win,
                                    int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
                                    cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1 || L <= 0) return cudaSuccess;
-    return kd_launch_dep(conv_fold_kernel, dim3(blocks_for((int64_t)n_folds * C * L)), dim3(kBlock), 0, s, folds,
-                         n_folds, C, W, win, win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, L, lwin, lxrec);
+    if (L > 65535) return cudaErrorInvalidValue;
+    return kd_launch_dep(conv_fold_kernel, fold_grid(n_folds, C, L), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
+                         win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, lwin, lxrec);
 }
 
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,

@@ -54,7 +54,10 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
 // k [N][QK], v [N][VD]; a verify row's inputs go to xrec(slot)[pos]. w == NULL: no conv,
 // y = silu(x) (win, xrec unused). The windows are only read; slot s's window is at
 // win + s * win_stride ([C][W-1]).
-// kd_cu_conv_silu's arguments, as one (kernels/cuda/conv.cuh).
+// kd_cu_conv_silu's arguments, as one (kernels/cuda/conv.cuh), the channels it takes: [c0, c1),
+// c1 = 0 meaning all C, and `early`: 1 when everything the conv reads (proj, toks, win) was
+// written two or more kernels before it in the stream (the caller knows the order), so that it
+// may load before its programmatic wait (kernels/cuda/launch.cuh).
 typedef struct kd_cu_conv_args {
     const float *proj;
     int64_t P, N, QK, VD;
@@ -66,11 +69,40 @@ typedef struct kd_cu_conv_args {
     float *xrec;
     int Tw;
     float *q, *k, *v;
+    int64_t c0, c1;
+    int early;
 } kd_cu_conv_args;
 
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
                             const kd_cu_tok *toks, const float *win, int64_t win_stride, const float *w, int W,
                             float *xrec, int Tw, float *q, float *k, float *v, cudaStream_t s);
+// The same from its arguments, the channels [a->c0, a->c1) only.
+cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s);
+
+// kd_kda_prepare's arguments (kernels/cuda/kda.cuh), as one: per token and key head h < H the
+// conv's q and k L2-normalised (q also scaled by K^-1/2) into qn, kn [N][H][K] and their
+// product into qk [N][H] (when not NULL); per token and value head h < HV the decay
+// exp(gate(graw + dt_bias[h])) into decay [N][HV][K] (graw [N][HV][K]) and
+// beta = sigmoid(braw[n * braw_ld + h]) (doubled with allow_neg) into beta [N][HV]. graw_early:
+// for kd_cu_conv_prepare, 1 when graw too was written two or more kernels back (it is then
+// loaded with the conv's inputs, before the programmatic wait).
+typedef struct kd_cu_prep_args {
+    int32_t H, HV, K, graw_early;
+    const float *graw, *braw;
+    int64_t braw_ld;
+    const float *A_log, *dt_bias;
+    int32_t use_lb, neg;
+    float lb;
+    float *qn, *kn, *qk, *decay, *beta;
+} kd_cu_prep_args;
+
+// The conv of the q and k channels (conv->q, conv->k unused: nothing written there) and the
+// prepare in one kernel, the same bits as kd_cu_conv_silu then kd_kda_prepare: a block a
+// (group of G tokens, key head), so the conv's q and k never leave the block. The v channels
+// are not touched: kd_cu_conv_silu_args with c0 = 2 QK does them. Needs K <= 128, a conv of
+// width at most 4 or none (kd_cu_conv_prepare_ok) and G 1, 2 or 4, else cudaErrorInvalidValue.
+int kd_cu_conv_prepare_ok(int64_t K, int W, int has_conv);
+cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int G, cudaStream_t s);
 
 // Conv window folds (kd_cu_fold), one thread per (fold, channel).
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,
