@@ -720,11 +720,11 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
 }
 
 // Tokens a block of the conv + prepare kernel at N activation rows (kd_cu_conv_prepare), 0: the
-// conv and the prepare in their own kernels. Measured on an H200 (48B steps, each in one run
-// against the kernels apart, three runs): from 128 rows 2 tokens a block was the fastest, 0.01 to
-// 0.16 ms a step faster than apart (B = 128 s = 0 6.330 vs 6.363 ms, B = 128 s = 3 11.378 vs
-// 11.405 in the last run); at 1 and 4 rows the kernels apart were faster (1.664 vs 1.702-1.725 ms
-// at B = 1 s = 0: the conv sits in f_proj.1 + g_proj.1's launch there), at 32 rows the same.
+// conv and the prepare in their own kernels. Measured on an H200 (48B steps, each against the
+// kernels apart in the same run, four runs): from 128 rows 2 tokens a block was never slower than
+// apart, by 0.00-0.17 ms a step (B = 128 s = 0 6.330 vs 6.363 ms, B = 128 s = 3 11.378 vs 11.405 in
+// one run); at 1 and 4 rows the kernels apart were faster (1.664 vs 1.702-1.725 ms at B = 1
+// s = 0: the conv sits in f_proj.1 + g_proj.1's launch there), at 32 rows the same.
 int conv_prep_tokens(int64_t N) { return N >= 128 ? 2 : 0; }
 
 // Offset of an activation-type pointer by n elements.
