@@ -134,9 +134,8 @@ __global__ void conv_silu_kernel(const kd_cu_conv_args a) {
 // and betas of h's value heads for those tokens. With a.early the conv's loads (its inputs, the
 // tokens' entries, the histories) and beta's are issued before the programmatic wait, and with
 // p.graw_early the first value head's gate inputs too; the q and k sums of the G tokens are
-// reduced with one barrier. The arithmetic
-// is conv.cuh's and prepare.cuh's, in their order: the same bits as the conv kernel followed by
-// kd_kda_prepare.
+// reduced with one barrier. The arithmetic is conv.cuh's and prepare.cuh's, in their order: the
+// same bits as the conv kernel followed by kd_kda_prepare.
 template <int G>
 __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args a, const kd_cu_prep_args p) {
     constexpr int WM = kd_conv_width_max;
