@@ -413,8 +413,9 @@ cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK,
 
 cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
     const int64_t C = 2 * a->QK + a->VD;
-    if (a->N <= 0 || a->c0 >= (a->c1 ? a->c1 : C)) return cudaSuccess;
+    if (a->N <= 0) return cudaSuccess;
     if ((a->w && a->W < 1) || a->c0 < 0 || a->c1 < 0 || a->c1 > C) return cudaErrorInvalidValue;
+    if (a->c0 >= (a->c1 ? a->c1 : C)) return cudaSuccess; /* no channel */
     unsigned gx = 0, gy = 0;
     kd_conv_grid(*a, kd_conv_block, &gx, &gy);
     return kd_launch_dep(conv_silu_kernel, dim3(gx, gy), dim3(kd_conv_block), 0, s, *a);
@@ -439,16 +440,16 @@ cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_arg
 }
 
 // conv_fold_kernel's grid: channels, folds (at most 65535 rows of blocks; they loop over the
-// rest), layers.
+// rest), layers. The launchers refuse more channels than fold_fits (the x blocks do not loop).
+static bool fold_fits(int64_t C) { return (C + kBlock - 1) / kBlock <= 0x7fffffff; }
 static dim3 fold_grid(int n_folds, int64_t C, int L) {
-    const int64_t x = (C + kBlock - 1) / kBlock;
-    return dim3((unsigned)(x > 0x7fffffff ? 0x7fffffff : x), (unsigned)(n_folds > 65535 ? 65535 : n_folds),
-                (unsigned)L);
+    return dim3((unsigned)((C + kBlock - 1) / kBlock), (unsigned)(n_folds > 65535 ? 65535 : n_folds), (unsigned)L);
 }
 
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t win_stride,
                             const float *xrec, int Tw, const float *proj, int64_t P, cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
+    if (!fold_fits(C)) return cudaErrorInvalidValue;
     return kd_launch_dep(conv_fold_kernel, fold_grid(n_folds, C, 1), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
                          win_stride, xrec, Tw, proj, P, (int64_t)0, (int64_t)0);
 }
@@ -457,7 +458,7 @@ cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, 
                                    int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
                                    cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1 || L <= 0) return cudaSuccess;
-    if (L > 65535) return cudaErrorInvalidValue;
+    if (L > 65535 || !fold_fits(C)) return cudaErrorInvalidValue;
     return kd_launch_dep(conv_fold_kernel, fold_grid(n_folds, C, L), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
                          win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, lwin, lxrec);
 }
