@@ -15,6 +15,13 @@ constexpr int kd_conv_block = 256;                           /* threads a block 
 
 __device__ __forceinline__ float kd_silu_(float x) { return x * (1.f / (1.f + expf(-x))); } /* as ops.cu's silu_ */
 
+// The conv's sum with its roundings spelled out: the current input's product, then each history's
+// fused in (j = 0, 1, ..). Every kernel that computes it (conv.cuh's, ops.cu's 4-channel ones)
+// then gives the same bits: left to the compiler, `a * b + c * d` may become either fma, and did
+// differ between two kernels by an ulp (cuda_test's conv + prepare kernel checks).
+__device__ __forceinline__ float kd_conv_first(float w, float x) { return __fmul_rn(w, x); }
+__device__ __forceinline__ float kd_conv_add(float acc, float w, float x) { return __fmaf_rn(w, x, acc); }
+
 // The conv's grid for blocks of `threads`: x blocks over the channels [c0, c1), y over the token
 // groups (at most 65535; the blocks loop over the rest).
 inline void kd_conv_grid(const kd_cu_conv_args &a, int threads, unsigned *gx, unsigned *gy) {
@@ -90,10 +97,10 @@ __device__ __forceinline__ void kd_conv_out(const kd_cu_conv_args &a, const int6
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             if (conv) {
-                float acc = wl[i] * in.xt[i][g];
+                float acc = kd_conv_first(wl[i], in.xt[i][g]);
 #pragma unroll
                 for (int j = 0; j < kd_conv_width_max - 1; j++)
-                    if (j < Hw) acc += wc[i][j] * in.xv[i][g][j];
+                    if (j < Hw) acc = kd_conv_add(acc, wc[i][j], in.xv[i][g][j]);
                 y[i][g] = kd_silu_(acc);
                 if (in.tk[g].verify) xrec[((int64_t)in.tk[g].slot * Tw + in.tk[g].pos) * C + ch[i]] = in.xt[i][g];
             } else {
@@ -150,12 +157,12 @@ __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int
             const kd_cu_tok tk = toks[t];
             const float *wc = w + c * W;
             const float *hist = win + (int64_t)tk.slot * ws + c * Hw;
-            float acc = wc[Hw] * xt;
+            float acc = kd_conv_first(wc[Hw], xt);
             for (int64_t j = 0; j < Hw; j++) {
                 // history j holds the input at row position pos - Hw + j
                 const int64_t tau = tk.pos - Hw + j;
                 const float xv = tau >= 0 ? proj[(tk.start + tau) * P + c] : hist[Hw + tau];
-                acc += wc[j] * xv;
+                acc = kd_conv_add(acc, wc[j], xv);
             }
             y = kd_silu_(acc);
             if (tk.verify) xrec[((int64_t)tk.slot * Tw + tk.pos) * C + c] = xt;

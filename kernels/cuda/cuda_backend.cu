@@ -57,10 +57,11 @@
 // the conv into their launch, its blocks first (kd_cu_gemm_skinny_pair_conv: both read only
 // the input projection's output). 48B step on an H200, each in one run: at B = 1 s = 0 1.746 ms
 // with neither, 1.723 the copy alone, 1.718 the conv alone, 1.664 both; at B = 1 s = 3 (4 rows,
-// the conv alone) 2.161 -> 2.067 (tests/bench/results/kimi48b_cuda_h200.md). From 128 rows the
+// the conv alone) 2.161 -> 2.067 (tests/bench/results/kimi48b_cuda_h200.md). From 4 rows the
 // conv of the q and k channels runs in the KDA prepare's kernel (kd_cu_conv_prepare: q and k
-// never go to memory; the v channels' conv runs alone just before it, so that the verify, which
-// loads v before its programmatic wait, finds it two kernels back; conv_prep_tokens). The conv
+// never go to memory; the v channels' conv runs alone just before it, 4 channels a thread, so
+// that the verify, which loads v before its programmatic wait, finds it two kernels back;
+// conv_prep_rows). The conv
 // kernels load before their programmatic wait where the order of the step allows it
 // (kd_cu_conv_args.early: f_proj.1 + g_proj.1 between them and the input projection, the
 // windows folded before the first layer).
@@ -170,7 +171,7 @@ struct cu_backend {
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
-    int conv_prep_g; // tokens a block of the conv + prepare kernel: 0 by rows (conv_prep_tokens), else 1, 2, 4
+    int conv_prep;   // the conv + prepare kernel: 0 by rows (conv_prep_rows), 1 at every row count
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
     // L2 prefetch of each layer's o_proj and leading gate|up weights on a second stream
     // (kd_cuda_set_prefetch): at most pf_bytes a layer, in forwards of at most pf_rows rows
@@ -719,13 +720,13 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
            gemm(cb, M, N1, K, A1, lda1, W1, ldw1, 0.f, C1, ldc1, what, err);
 }
 
-// Tokens a block of the conv + prepare kernel at N activation rows (kd_cu_conv_prepare), 0: the
-// conv and the prepare in their own kernels. Measured on an H200 (48B steps, each against the
-// kernels apart in the same run, four runs): from 128 rows 2 tokens a block was never slower than
-// apart, by 0.00-0.17 ms a step (B = 128 s = 0 6.330 vs 6.363 ms, B = 128 s = 3 11.378 vs 11.405 in
-// one run); at 1 and 4 rows the kernels apart were faster (1.664 vs 1.702-1.725 ms at B = 1
-// s = 0: the conv sits in f_proj.1 + g_proj.1's launch there), at 32 rows the same.
-int conv_prep_tokens(int64_t N) { return N >= 128 ? 2 : 0; }
+// Whether the conv + prepare kernel (kd_cu_conv_prepare) runs at N activation rows, else the conv
+// and the prepare each in their own kernels. On an H200 (48B steps; in one run, the default
+// against the kernels apart and against the one kernel at every row count): from 4 rows faster
+// than apart (B = 1 s = 3 2.029 vs 2.036 ms, B = 32 s = 0 / 3 3.210 / 3.951 vs 3.235 / 4.168,
+// B = 128 s = 0 / 3 6.306 / 10.465 vs 6.532 / 11.276); at 1 row slower (1.699 against 1.645 ms
+// for the conv in f_proj.1 + g_proj.1's launch and the prepare apart).
+bool conv_prep_rows(int64_t N) { return N >= 4; }
 
 // Offset of an activation-type pointer by n elements.
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
@@ -919,10 +920,11 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         /* the conv of the q and k channels in the prepare's kernel; then the v channels' conv runs
          * alone or in f_proj.1 + g_proj.1's launch, two kernels before the verify, which loads v
          * before its programmatic wait (kda.cu) */
-        const int cp_g = cb->conv_prep_g ? cb->conv_prep_g : conv_prep_tokens(N);
-        const bool conv_prep = cp_g && (cb->fuse & KD_CUDA_FUSE_CONV_PREP) &&
-                               !(sk & (KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE)) &&
-                               kd_cu_conv_prepare_ok(K, (int)cb->W, conv);
+        kd_cu_prep_args pa = {(int32_t)cb->H, (int32_t)HV, (int32_t)K, 0, cb->graw, cb->proj + 2 * QK + VD + 2 * V,
+                              P, Ly->A_log, Ly->dt_bias, c->use_lower_bound, c->allow_neg_eigval,
+                              (float)c->lower_bound, cb->qn, cb->kn, cb->qk, cb->decay, cb->beta};
+        const bool conv_prep = (cb->conv_prep || conv_prep_rows(N)) && (cb->fuse & KD_CUDA_FUSE_CONV_PREP) &&
+                               !(sk & (KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE)) && kd_cu_conv_prepare_ok(&ca, &pa);
         kd_cu_conv_args cv = ca;
         if (conv_prep) cv.c0 = 2 * QK;
         ca.early = early && VD > 0; /* the conv + prepare kernel: the v channels' conv just before it */
@@ -936,13 +938,12 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             return -1;
         if (nvf && !fold_first)
             KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
-        if (!(sk & KD_CUDA_SKIP_CONV) && !conv_done) KDA(kd_cu_conv_silu_args(&cv, s));
-        /* graw early too where the v channels' conv ran alone, after f_proj.1 */
-        const kd_cu_prep_args pa = {(int32_t)cb->H, (int32_t)HV, (int32_t)K, !conv_done, cb->graw,
-                                    cb->proj + 2 * QK + VD + 2 * V, P, Ly->A_log, Ly->dt_bias, c->use_lower_bound,
-                                    c->allow_neg_eigval, (float)c->lower_bound, cb->qn, cb->kn, cb->qk, cb->decay,
-                                    cb->beta};
-        if (conv_prep) KDA(kd_cu_conv_prepare(&ca, &pa, cp_g, s));
+        if (!(sk & KD_CUDA_SKIP_CONV) && !conv_done) { /* the v channels 4 a thread before the conv + prepare kernel */
+            if (conv_prep && kd_cu_conv4_ok(&cv)) KDA(kd_cu_conv4(&cv, s));
+            else KDA(kd_cu_conv_silu_args(&cv, s));
+        }
+        pa.graw_early = !conv_done; /* graw early too where the v channels' conv ran alone, after f_proj.1 */
+        if (conv_prep) KDA(kd_cu_conv_prepare(&ca, &pa, s));
         if (npf)
             KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
         if (!(sk & KD_CUDA_SKIP_PREPARE) && !conv_prep)
@@ -1297,12 +1298,8 @@ extern "C" int kd_cuda_set_fuse(kd_backend *b, int mask) {
     return 0;
 }
 
-extern "C" int kd_cuda_set_conv_prep(kd_backend *b, int tokens) {
-    if (tokens != 0 && tokens != 1 && tokens != 2 && tokens != 4) return -1;
-    cu_backend *cb = regraph(b);
-    if (!cb) return -1;
-    cb->conv_prep_g = tokens;
-    return 0;
+extern "C" int kd_cuda_set_conv_prep(kd_backend *b, int always) {
+    return set_switch(b, &cu_backend::conv_prep, always);
 }
 
 extern "C" int kd_cuda_set_skip(kd_backend *b, unsigned kernels) {

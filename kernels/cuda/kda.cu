@@ -559,34 +559,50 @@ __global__ void commit_store_all_kernel(const kd_kda_args a) {
     }
 }
 
-// Per token and head: q, k normalised (q scaled), decay, beta (prepare.cuh's arithmetic).
-__global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *q, const float *k, const float *graw,
-                               const float *braw, int64_t braw_ld, const float *A_log, const float *dt_bias,
-                               int32_t use_lb, float lb, int32_t neg, float *qn, float *kn, float *qk, float *decay,
-                               float *beta) {
+// Per token and head: q, k normalised (q scaled), decay, beta (prepare.cuh's arithmetic). The
+// sums of q.q, k.k and q.k in prepare.cuh's order (thread t: channels 4 t .. 4 t + 3, then 4
+// blockDim.x on; the conv + prepare kernel's, so both give the same bits); the decays and the
+// normalised q and k a channel a thread. The first round's loads are all issued before the
+// first product (at one token a step the kernel is a chain of load latencies).
+__global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *__restrict__ q,
+                               const float *__restrict__ k, const float *__restrict__ graw,
+                               const float *__restrict__ braw, int64_t braw_ld, const float *__restrict__ A_log,
+                               const float *__restrict__ dt_bias, int32_t use_lb, float lb, int32_t neg,
+                               float *__restrict__ qn, float *__restrict__ kn, float *__restrict__ qk,
+                               float *__restrict__ decay, float *__restrict__ beta) {
     kd_dep_start();
     const size_t n = blockIdx.x;
-    const int h = blockIdx.y;
+    const int h = blockIdx.y, t = threadIdx.x, nt = blockDim.x;
+    const bool kh = h < H, vh = h < HV; /* q and k of key head h; decay and beta of value head h */
     __shared__ float red[1][3][32];
-    if (h < H) { // q and k of key head h, and their product
-        const float *qi = q + (n * H + h) * K, *ki = k + (n * H + h) * K;
-        float sq[1] = {0.f}, sk[1] = {0.f}, sqk[1] = {0.f};
-        for (int c = threadIdx.x; c < K; c += blockDim.x)
-            sq[0] += qi[c] * qi[c], sk[0] += ki[c] * ki[c], sqk[0] += qi[c] * ki[c];
-        kd_prep_sums<1>(sq, sk, sqk, red);
-        const float iq = kd_prep_qscale(sq[0], K), ik = kd_prep_kscale(sk[0]);
-        for (int c = threadIdx.x; c < K; c += blockDim.x) {
-            qn[(n * H + h) * K + c] = qi[c] * iq;
-            kn[(n * H + h) * K + c] = ki[c] * ik;
-        }
-        if (qk && threadIdx.x == 0) qk[n * H + h] = sqk[0] * iq * ik;
+    const float *qi = q + (n * H + h) * K, *ki = k + (n * H + h) * K, *gi = graw + (n * HV + h) * K;
+    const float *di = dt_bias + (size_t)h * K;
+    const float A = vh ? expf(A_log[h]) : 0.f, b = vh && t == 0 ? braw[n * braw_ld + h] : 0.f;
+    const float g0 = vh && t < K ? gi[t] : 0.f, d0 = vh && t < K ? di[t] : 0.f;
+    float qv[4], kv[4]; /* channels 4 t .. 4 t + 3 */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = 4 * t + i;
+        qv[i] = kh && c < K ? qi[c] : 0.f, kv[i] = kh && c < K ? ki[c] : 0.f;
     }
-    if (h < HV) { // decay and beta of value head h
-        const float A = expf(A_log[h]);
-        for (int c = threadIdx.x; c < K; c += blockDim.x)
-            decay[(n * HV + h) * K + c] = kd_prep_decay(graw[(n * HV + h) * K + c] + dt_bias[h * K + c], A, use_lb, lb);
-        if (threadIdx.x == 0) beta[n * HV + h] = kd_prep_beta(braw[n * braw_ld + h], neg);
+    if (vh) {
+        if (t == 0) beta[n * HV + h] = kd_prep_beta(b, neg);
+        float *de = decay + (n * HV + h) * K;
+        if (t < K) de[t] = kd_prep_decay(g0 + d0, A, use_lb, lb);
+        for (int c = t + nt; c < K; c += nt) de[c] = kd_prep_decay(gi[c] + di[c], A, use_lb, lb);
     }
+    if (!kh) return; /* the same for the whole block */
+    float sq[1] = {0.f}, sk[1] = {0.f}, sqk[1] = {0.f};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (4 * t + i < K) kd_prep_acc(sq[0], sk[0], sqk[0], qv[i], kv[i]);
+    for (int c0 = 4 * (t + nt); c0 < K; c0 += 4 * nt) /* K > 4 blockDim.x */
+        for (int c = c0; c < c0 + 4 && c < K; c++) kd_prep_acc(sq[0], sk[0], sqk[0], qi[c], ki[c]);
+    kd_prep_sums<1>(sq, sk, sqk, red);
+    const float iq = kd_prep_qscale(sq[0], K), ik = kd_prep_kscale(sk[0]);
+    float *qo = qn + (n * H + h) * K, *ko = kn + (n * H + h) * K;
+    for (int c = t; c < K; c += nt) qo[c] = qi[c] * iq, ko[c] = ki[c] * ik;
+    if (qk && t == 0) qk[n * H + h] = sqk[0] * iq * ik;
 }
 
 // ------------------------------------------------------------------ tensor-core path

@@ -129,72 +129,179 @@ __global__ void conv_silu_kernel(const kd_cu_conv_args a) {
     kd_conv_silu_block(a, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.y);
 }
 
-// The conv of the q and k channels and the prepare (kd_cu_conv_prepare): block (x, h) takes
-// key head h's K channels of q and of k (a thread each) for G tokens from x G, and the decays
-// and betas of h's value heads for those tokens. With a.early the conv's loads (its inputs, the
-// tokens' entries, the histories) and beta's are issued before the programmatic wait, and with
-// p.graw_early the first value head's gate inputs too; the q and k sums of the G tokens are
-// reduced with one barrier. The arithmetic is conv.cuh's and prepare.cuh's, in their order: the
-// same bits as the conv kernel followed by kd_kda_prepare.
-template <int G>
-__global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args a, const kd_cu_prep_args p) {
-    constexpr int WM = kd_conv_width_max;
-    const int h = blockIdx.y, c = threadIdx.x, K = p.K, H = p.H, HV = p.HV, R = HV / H;
-    const bool live = c < K;
-    const int64_t t0 = (int64_t)blockIdx.x * G, N = a.N;
-    const int ng = N - t0 < G ? (int)(N - t0) : G;
-    const int64_t ch[2] = {(int64_t)h * K + c, a.QK + (int64_t)h * K + c};
-    const int hv0 = h * R;
-    float wc[2][WM - 1], wl[2], y[2][G], bz = 0.f;
+// The conv of the q and k channels and the prepare (kd_cu_conv_prepare), 4 channels a lane in
+// 16-byte accesses: warp w of block (x, h) takes token 4 x + w and key head h, lane l the head's
+// channels 4 l .. 4 l + 3 of q and of k, and the decays and betas of h's value heads for that
+// token. One element a thread (and a block a head), the kernel was bound by issuing its
+// instructions, not by memory: 74 % of issue slots busy, 21 % of the DRAM bandwidth, 58 us a
+// layer at 512 tokens on an H200 (logs/ncu_full_conv_prepare_b128s3_h200_c7cbea1.txt); here the
+// addresses, loads and sums are shared by 4 channels and no barrier is needed. A conv of width 4
+// (its 3 history entries: the row's earlier inputs, or the slot's window, whose 12 entries for 4
+// channels are contiguous). With a.early the conv's loads (the inputs, the token's entry, the
+// histories) and beta's are issued before the programmatic wait, and with p.graw_early the first
+// value head's gate inputs too. The arithmetic is conv.cuh's and prepare.cuh's, in their order
+// (the sums of squares 4 channels a lane, then across the warp, as kd_kda_prepare's): the same
+// bits as the conv kernel followed by kd_kda_prepare.
+__device__ __forceinline__ float4 ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
+__device__ __forceinline__ float f4at(const float4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+constexpr int kConv4Hw = kd_conv_width_max - 1; /* history entries of a conv of width 4 */
+
+// The conv's loads for NS groups of 4 channels ch[s] .. ch[s] + 3 of token t (entry tk), a conv of
+// width 4: the inputs xt[s], then the histories hx[s][i][j] (history j of channel ch[s] + i): the
+// row's earlier inputs, or the slot's window, whose 12 entries for 4 channels are contiguous.
+template <int NS>
+__device__ __forceinline__ void conv4_load(const kd_cu_conv_args &a, const int64_t (&ch)[NS], int64_t t,
+                                           const kd_cu_tok &tk, float4 (&xt)[NS], float (&hx)[NS][4][kConv4Hw]) {
+    constexpr int HW = kConv4Hw;
+    const int64_t P = a.P;
 #pragma unroll
-    for (int i = 0; i < 2; i++) kd_conv_taps(a, live ? ch[i] : 0, wc[i], wl[i]); /* never written */
-    const float dtb0 = live ? p.dt_bias[hv0 * K + c] : 0.f;
-    kd_conv_in<2, G> in;
-    float gz[G]; /* the gate inputs of the first value head (f_proj.1's output) */
-    const bool gearly = a.early && p.graw_early;
+    for (int s = 0; s < NS; s++) xt[s] = ld4(a.proj + t * P + ch[s]);
+    float4 wb[NS][HW]; /* the slot's window of the 4 channels: entry j of channel i at 3 i + j */
+    if (tk.pos < HW)
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            const float *w0 = a.win + (int64_t)tk.slot * a.ws + ch[s] * HW;
+#pragma unroll
+            for (int m = 0; m < HW; m++) wb[s][m] = ld4(w0 + 4 * m);
+        }
+#pragma unroll
+    for (int j = 0; j < HW; j++) {
+        // history j holds the input at row position pos - HW + j
+        const int tau = tk.pos - HW + j;
+        if (tau >= 0) {
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                const float4 x = ld4(a.proj + ((int64_t)tk.start + tau) * P + ch[s]);
+                hx[s][0][j] = x.x, hx[s][1][j] = x.y, hx[s][2][j] = x.z, hx[s][3][j] = x.w;
+            }
+        } else {
+            const int e = HW + tau; /* the window's entry, 0 .. HW - 1 */
+#pragma unroll
+            for (int s = 0; s < NS; s++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int k0 = HW * i; /* entries k0 .. k0 + HW - 1 of wb[s] */
+                    const float v0 = f4at(wb[s][k0 / 4], k0 % 4), v1 = f4at(wb[s][(k0 + 1) / 4], (k0 + 1) % 4),
+                                v2 = f4at(wb[s][(k0 + 2) / 4], (k0 + 2) % 4);
+                    hx[s][i][j] = e == 0 ? v0 : e == 1 ? v1 : v2;
+                }
+        }
+    }
+}
+
+// From conv4_load's values and the taps tp[s][i] (channel ch[s] + i's 4, the last the current
+// input's): y[s][i] the conv + SiLU (conv.cuh's order: the same bits); a verify row's inputs go to
+// its records.
+template <int NS>
+__device__ __forceinline__ void conv4_out(const kd_cu_conv_args &a, const int64_t (&ch)[NS], const float4 (&tp)[NS][4],
+                                          const kd_cu_tok &tk, const float4 (&xt)[NS],
+                                          const float (&hx)[NS][4][kConv4Hw], float (&y)[NS][4]) {
+#pragma unroll
+    for (int s = 0; s < NS; s++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float acc = kd_conv_first(f4at(tp[s][i], 3), f4at(xt[s], i));
+#pragma unroll
+            for (int j = 0; j < kConv4Hw; j++) acc = kd_conv_add(acc, f4at(tp[s][i], j), hx[s][i][j]);
+            y[s][i] = kd_silu_(acc);
+        }
+    if (tk.verify)
+#pragma unroll
+        for (int s = 0; s < NS; s++)
+            st4(a.xrec + ((int64_t)tk.slot * a.Tw + tk.pos) * (2 * a.QK + a.VD) + ch[s], xt[s]);
+}
+
+// The conv of channels [a.c0, C), 4 a thread in 16-byte accesses, a token a block row (blocks
+// loop over the tokens past 65535): the v channels when the conv + prepare kernel takes q and k
+// (one channel a thread, that conv was bound by issuing its instructions too: 67 % of issue
+// slots, 1.3 TB/s at 512 tokens on an H200). The same bits as kd_cu_conv_silu. With a.early the
+// first token's loads are issued before the programmatic wait.
+__global__ void __launch_bounds__(128) conv4_kernel(const kd_cu_conv_args a) {
+    const int64_t C = 2 * a.QK + a.VD, c = a.c0 + 4 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+    const bool live = c < C;
+    const int64_t ch[1] = {c};
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 tp[1][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) tp[0][i] = live ? ld4(a.w + (c + i) * 4) : z4; /* never written */
     if (!a.early) kd_dep_start();
-    if (gearly)
+    for (int64_t t = blockIdx.y; t < a.N; t += gridDim.y) {
+        const kd_cu_tok tk = a.toks[t];
+        float4 xt[1] = {z4};
+        float hx[1][4][kConv4Hw] = {};
+        if (live) conv4_load<1>(a, ch, t, tk, xt, hx);
+        if (a.early && t == (int64_t)blockIdx.y) kd_dep_start();
+        if (live) {
+            float y[1][4];
+            conv4_out<1>(a, ch, tp, tk, xt, hx, y);
+            float *dst = c < a.QK ? a.q + t * a.QK + c : c < 2 * a.QK ? a.k + t * a.QK + (c - a.QK)
+                                                                     : a.v + t * a.VD + (c - 2 * a.QK);
+            st4(dst, make_float4(y[0][0], y[0][1], y[0][2], y[0][3]));
+        }
+    }
+}
+
+__global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args a, const kd_cu_prep_args p) {
+    const int h = blockIdx.y, lane = threadIdx.x % 32, K = p.K, H = p.H, HV = p.HV, R = HV / H, hv0 = h * R;
+    const int c = 4 * lane;
+    const bool live = c < K;
+    const int64_t t = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
+    const bool tok = t < a.N;
+    const int64_t ch[2] = {(int64_t)h * K + c, a.QK + (int64_t)h * K + c};
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    // taps (never written): tp[s][i] the 4 taps of channel ch[s] + i, the last the current input's
+    float4 tp[2][4];
 #pragma unroll
-        for (int g = 0; g < G; g++) gz[g] = live && g < ng ? p.graw[((t0 + g) * HV + hv0) * K + c] : 0.f;
-    if (live) kd_conv_load<2, G>(a, ch, t0, ng, in);
-    if (c < ng) bz = p.braw[(t0 + c) * p.braw_ld + hv0]; /* the input projection's, like the conv's inputs */
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tp[s][i] = live ? ld4(a.w + (ch[s] + i) * 4) : z4;
+    const float4 dtb0 = live ? ld4(p.dt_bias + (int64_t)hv0 * K + c) : z4;
+    const bool gearly = a.early && p.graw_early, lt = live && tok;
+    float4 gz = z4, xt[2] = {z4, z4};
+    float hx[2][4][kConv4Hw] = {}; /* history j of channel ch[s] + i */
+    float bz = 0.f;
+    kd_cu_tok tk = {0, 0, 0, 0};
+    if (!a.early) kd_dep_start();
+    const float *grow = p.graw + (t * HV + hv0) * K + c;
+    if (gearly && lt) gz = ld4(grow);
+    if (tok) {
+        tk = a.toks[t];
+        if (lane == 0) bz = p.braw[t * p.braw_ld + hv0]; /* the input projection's, like the conv's inputs */
+    }
+    if (lt) conv4_load<2>(a, ch, t, tk, xt, hx);
     if (a.early) kd_dep_start();
-    if (!gearly)
-#pragma unroll
-        for (int g = 0; g < G; g++) gz[g] = live && g < ng ? p.graw[((t0 + g) * HV + hv0) * K + c] : 0.f;
-    if (live) kd_conv_out<2, G>(a, ch, wc, wl, ng, in, y);
+    if (!gearly && lt) gz = ld4(grow);
+    // the conv + SiLU (conv.cuh's order), the records of a verify row's inputs
+    float y[2][4] = {};
+    if (lt) conv4_out<2>(a, ch, tp, tk, xt, hx, y);
     // decays and betas of the value heads hv0 .. hv0 + R - 1
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R && tok; r++) {
         const int hv = hv0 + r;
         const float A = expf(p.A_log[hv]);
         if (live) {
-            const float dtb = r ? p.dt_bias[hv * K + c] : dtb0;
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (g < ng) {
-                    const int64_t e = ((t0 + g) * HV + hv) * K + c;
-                    p.decay[e] = kd_prep_decay((r ? p.graw[e] : gz[g]) + dtb, A, p.use_lb, p.lb);
-                }
+            const float4 dtb = r ? ld4(p.dt_bias + (int64_t)hv * K + c) : dtb0, g = r ? ld4(grow + r * K) : gz;
+            st4(p.decay + (t * HV + hv) * K + c,
+                make_float4(kd_prep_decay(g.x + dtb.x, A, p.use_lb, p.lb), kd_prep_decay(g.y + dtb.y, A, p.use_lb, p.lb),
+                            kd_prep_decay(g.z + dtb.z, A, p.use_lb, p.lb), kd_prep_decay(g.w + dtb.w, A, p.use_lb, p.lb)));
         }
-        if (c < ng) p.beta[(t0 + c) * HV + hv] = kd_prep_beta(r ? p.braw[(t0 + c) * p.braw_ld + hv] : bz, p.neg);
+        if (lane == 0) p.beta[t * HV + hv] = kd_prep_beta(r ? p.braw[t * p.braw_ld + hv] : bz, p.neg);
     }
-    // the norms of q and k (prepare.cuh's order)
-    __shared__ float red[G][3][32];
-    float sq[G], sk[G], sqk[G];
+    // the norms of q and k (prepare.cuh's order: 4 channels a lane, then the warp's butterfly)
+    float sq[1] = {0.f}, sk[1] = {0.f}, sqk[1] = {0.f};
+    if (lt)
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        sq[g] = sk[g] = sqk[g] = 0.f;
-        if (live && g < ng) sq[g] += y[0][g] * y[0][g], sk[g] += y[1][g] * y[1][g], sqk[g] += y[0][g] * y[1][g];
+        for (int i = 0; i < 4; i++) kd_prep_acc(sq[0], sk[0], sqk[0], y[0][i], y[1][i]);
+    kd_prep_warp_sums<1>(sq, sk, sqk);
+    if (lt) {
+        const float q0 = 0.f + sq[0], k0 = 0.f + sk[0], qk0 = 0.f + sqk[0]; /* the one warp's share, as kd_prep_sums */
+        const float iq = kd_prep_qscale(q0, K), ik = kd_prep_kscale(k0);
+        const int64_t e = (t * H + h) * K + c;
+        st4(p.qn + e, make_float4(y[0][0] * iq, y[0][1] * iq, y[0][2] * iq, y[0][3] * iq));
+        st4(p.kn + e, make_float4(y[1][0] * ik, y[1][1] * ik, y[1][2] * ik, y[1][3] * ik));
+        if (p.qk && lane == 0) p.qk[t * H + h] = qk0 * iq * ik;
     }
-    kd_prep_sums<G>(sq, sk, sqk, red);
-#pragma unroll
-    for (int g = 0; g < G; g++)
-        if (live && g < ng) {
-            const float iq = kd_prep_qscale(sq[g], K), ik = kd_prep_kscale(sk[g]);
-            const int64_t e = ((t0 + g) * H + h) * K + c;
-            p.qn[e] = y[0][g] * iq, p.kn[e] = y[1][g] * ik;
-            if (p.qk && c == 0) p.qk[(t0 + g) * H + h] = sqk[g] * iq * ik;
-        }
 }
 
 // Layer l's windows and records at win + l * lwin, xrec + l * lxrec (L layers at once: the
@@ -421,22 +528,37 @@ cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
     return kd_launch_dep(conv_silu_kernel, dim3(gx, gy), dim3(kd_conv_block), 0, s, *a);
 }
 
-int kd_cu_conv_prepare_ok(int64_t K, int W, int has_conv) {
-    return K >= 1 && K <= 128 && (!has_conv || (W >= 1 && W <= kd_conv_width_max));
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+int kd_cu_conv_prepare_ok(const kd_cu_conv_args *a, const kd_cu_prep_args *p) {
+    const int64_t C = 2 * a->QK + a->VD;
+    return p->K >= 4 && p->K <= 128 && p->K % 4 == 0 && p->H >= 1 && p->H <= 65535 && p->HV % p->H == 0 &&
+           a->QK == (int64_t)p->H * p->K && a->w && a->W == kd_conv_width_max && a->P % 4 == 0 && a->ws % 4 == 0 &&
+           C % 4 == 0 && al16(a->proj) && al16(a->win) && al16(a->xrec) && al16(a->w) && al16(p->graw) &&
+           al16(p->dt_bias) && al16(p->decay) && al16(p->qn) && al16(p->kn) && a->c0 == 0 && a->c1 == 0;
 }
 
-cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int G, cudaStream_t s) {
+int kd_cu_conv4_ok(const kd_cu_conv_args *a) {
+    const int64_t C = 2 * a->QK + a->VD;
+    return a->w && a->W == kd_conv_width_max && a->c0 >= 0 && a->c0 % 4 == 0 && a->c0 < C && (a->c1 == 0 || a->c1 == C) &&
+           C % 4 == 0 && a->QK % 4 == 0 && a->P % 4 == 0 && a->ws % 4 == 0 && al16(a->proj) && al16(a->win) &&
+           al16(a->xrec) && al16(a->w) && al16(a->q) && al16(a->k) && al16(a->v);
+}
+
+cudaError_t kd_cu_conv4(const kd_cu_conv_args *a, cudaStream_t s) {
+    if (a->N <= 0) return cudaSuccess;
+    if (!kd_cu_conv4_ok(a)) return cudaErrorInvalidValue;
+    const int64_t C = 2 * a->QK + a->VD, x = ((C - a->c0) / 4 + 127) / 128;
+    const int64_t y = a->N < 65535 ? a->N : 65535;
+    return kd_launch_dep(conv4_kernel, dim3((unsigned)x, (unsigned)y), dim3(128), 0, s, *a);
+}
+
+cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s) {
     if (conv->N <= 0) return cudaSuccess;
-    if (!kd_cu_conv_prepare_ok(p->K, conv->W, conv->w != nullptr) || p->H < 1 || p->H > 65535 || p->HV % p->H ||
-        conv->QK != (int64_t)p->H * p->K || (G != 1 && G != 2 && G != 4))
-        return cudaErrorInvalidValue;
-    const int64_t groups = (conv->N + G - 1) / G;
-    if (groups > 0x7fffffff) return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)groups, (unsigned)p->H);
-    const unsigned threads = (unsigned)(p->K + 31) / 32 * 32; /* as kd_kda_prepare's blocks for K <= 128 */
-    if (G == 1) return kd_launch_dep(conv_prepare_kernel<1>, grid, dim3(threads), 0, s, *conv, *p);
-    if (G == 2) return kd_launch_dep(conv_prepare_kernel<2>, grid, dim3(threads), 0, s, *conv, *p);
-    return kd_launch_dep(conv_prepare_kernel<4>, grid, dim3(threads), 0, s, *conv, *p);
+    if (!kd_cu_conv_prepare_ok(conv, p)) return cudaErrorInvalidValue;
+    const int64_t blocks = (conv->N + 3) / 4; /* a token a warp */
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    return kd_launch_dep(conv_prepare_kernel, dim3((unsigned)blocks, (unsigned)p->H), dim3(128), 0, s, *conv, *p);
 }
 
 // conv_fold_kernel's grid: channels, folds (at most 65535 rows of blocks; they loop over the

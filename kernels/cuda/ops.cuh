@@ -97,12 +97,19 @@ typedef struct kd_cu_prep_args {
 } kd_cu_prep_args;
 
 // The conv of the q and k channels (conv->q, conv->k unused: nothing written there) and the
-// prepare in one kernel, the same bits as kd_cu_conv_silu then kd_kda_prepare: a block a
-// (group of G tokens, key head), so the conv's q and k never leave the block. The v channels
-// are not touched: kd_cu_conv_silu_args with c0 = 2 QK does them. Needs K <= 128, a conv of
-// width at most 4 or none (kd_cu_conv_prepare_ok) and G 1, 2 or 4, else cudaErrorInvalidValue.
-int kd_cu_conv_prepare_ok(int64_t K, int W, int has_conv);
-cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int G, cudaStream_t s);
+// prepare in one kernel, the same bits as kd_cu_conv_silu then kd_kda_prepare: a warp a (token,
+// key head), 4 channels a lane, so the conv's q and k never leave the warp. The v channels are
+// not touched: kd_cu_conv_silu_args with c0 = 2 QK does them. Needs (kd_cu_conv_prepare_ok) K a
+// multiple of 4 up to 128, a conv of width 4, every channel ([c0, c1) = all), 16-byte aligned
+// arrays (P, the windows' stride and C multiples of 4), else cudaErrorInvalidValue.
+int kd_cu_conv_prepare_ok(const kd_cu_conv_args *conv, const kd_cu_prep_args *p);
+
+// kd_cu_conv_silu_args's work for channels [conv->c0, C) (c1 = 0 or C), 4 channels a thread in
+// 16-byte accesses (the same bits): needs (kd_cu_conv4_ok) a conv of width 4, c0, QK, C, P and
+// the windows' stride multiples of 4, 16-byte aligned arrays, else cudaErrorInvalidValue.
+int kd_cu_conv4_ok(const kd_cu_conv_args *conv);
+cudaError_t kd_cu_conv4(const kd_cu_conv_args *conv, cudaStream_t s);
+cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s);
 
 // Conv window folds (kd_cu_fold), one thread per (fold, channel).
 cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,

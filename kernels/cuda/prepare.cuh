@@ -21,13 +21,19 @@ __device__ __forceinline__ float kd_prep_beta(float braw, int neg) {
     return neg ? 2.f * b : b;
 }
 
-// A block's sums of q.q, k.k and q.k of one key head, for G tokens side by side: each thread's
-// partial sums (sq, sk, sqk over its channels), then a butterfly in each warp, then the warps'
-// sums in order (red: G x 3 x 32 floats of shared memory; one barrier, after which red may be
-// reused only past another). The same order for every token whatever G.
+// The sums of q.q, k.k and q.k of one key head: each thread's partial sums (sq, sk, sqk) over
+// channels 4 t .. 4 t + 3 of its index t (then 4 t + 4 nt .., nt threads), in that order, then a
+// butterfly in each warp (kd_prep_warp_sums: every lane ends with its warp's sums), then the warps'
+// sums in order (kd_prep_sums; red: G x 3 x 32 floats of shared memory; one barrier, after which
+// red may be reused only past another). For G tokens side by side, each in the same order.
+// One channel's terms (q, k) into a thread's partial sums, each a fused multiply-add (spelled
+// out, so that both kernels round alike whatever the compiler would contract).
+__device__ __forceinline__ void kd_prep_acc(float &sq, float &sk, float &sqk, float q, float k) {
+    sq = __fmaf_rn(q, q, sq), sk = __fmaf_rn(k, k, sk), sqk = __fmaf_rn(q, k, sqk);
+}
+
 template <int G>
-__device__ __forceinline__ void kd_prep_sums(float (&sq)[G], float (&sk)[G], float (&sqk)[G], float (*red)[3][32]) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+__device__ __forceinline__ void kd_prep_warp_sums(float (&sq)[G], float (&sk)[G], float (&sqk)[G]) {
 #pragma unroll
     for (int m = 16; m >= 1; m /= 2)
 #pragma unroll
@@ -35,6 +41,12 @@ __device__ __forceinline__ void kd_prep_sums(float (&sq)[G], float (&sk)[G], flo
             sq[g] += __shfl_xor_sync(0xffffffffu, sq[g], m), sk[g] += __shfl_xor_sync(0xffffffffu, sk[g], m);
             sqk[g] += __shfl_xor_sync(0xffffffffu, sqk[g], m);
         }
+}
+
+template <int G>
+__device__ __forceinline__ void kd_prep_sums(float (&sq)[G], float (&sk)[G], float (&sqk)[G], float (*red)[3][32]) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    kd_prep_warp_sums<G>(sq, sk, sqk);
     if (lane == 0)
 #pragma unroll
         for (int g = 0; g < G; g++) red[g][0][warp] = sq[g], red[g][1][warp] = sk[g], red[g][2][warp] = sqk[g];

@@ -253,7 +253,7 @@ int kd_cuda_set_lt(kd_backend *b, int mode);
  * activation rows), KD_CUDA_FUSE_COPY, the gates' bf16 copy in the input projection's
  * epilogue, and KD_CUDA_FUSE_CONV, the conv and f_proj.1 + g_proj.1 in one launch (each block
  * one or the other); KD_CUDA_FUSE_CONV_PREP, the conv of the q and k channels and the KDA
- * prepare in one kernel (K <= 128, a conv of width at most 4 or none; the v channels' conv
+ * prepare in one kernel (K a multiple of 4 up to 128, a conv of width 4; the v channels' conv
  * then runs alone, or in f_proj.1 + g_proj.1's launch). Else each its own kernel. The same
  * bits either way (cuda_test compares them); drops the captured graphs; -1 for an unknown
  * bit. Benchmarks and tests. */
@@ -265,11 +265,11 @@ enum {
     KD_CUDA_FUSE_DEFAULT = KD_CUDA_FUSE_ALL
 };
 int kd_cuda_set_fuse(kd_backend *b, int mask);
-/* The conv + prepare kernel (KD_CUDA_FUSE_CONV_PREP) with `tokens` tokens a block (1, 2 or 4)
- * at every row count; 0 (the default): by row count, or not at all where the two kernels apart
- * were faster. The same bits either way; drops the captured graphs; -1 for another value.
- * Benchmarks and tests. */
-int kd_cuda_set_conv_prep(kd_backend *b, int tokens);
+/* The conv + prepare kernel (KD_CUDA_FUSE_CONV_PREP) at every row count where it applies
+ * (always != 0), or (0, the default) only at the row counts where it was measured faster than
+ * the two kernels apart. The same bits either way; drops the captured graphs. Benchmarks and
+ * tests. */
+int kd_cuda_set_conv_prep(kd_backend *b, int always);
 /* Benchmarks only, to place a step's time without a timeline profiler: leaves the named
  * kernels of every layer (or the head's product) out of the step, so its results are WRONG;
  * the time a step loses is what those kernels cost on its critical path. 0 (the default)
