@@ -1313,7 +1313,8 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
            "[conv + prepare kernel H=%d HV=%d K=%d V=%d N=%lld%s%s%s] against the kernels apart, bit for bit: %s, "
            "%zu elements differ%s",
            H, HV, K, V, (long long)N, use_lb ? " lower-bound gate" : "", neg ? " negative eigenvalues" : "",
-           early ? " early loads" : "", ok ? "ran" : !fused4 && e == cudaSuccess ? "shape refused" : cudaGetErrorString(e),
+           early ? " early loads" : "",
+           ok ? "ran" : !fused4 && e == cudaSuccess ? "shape refused" : cudaGetErrorString(e),
            bad, what.c_str());
     for (auto &o : outs) cudaFree(o.d[0]), cudaFree(o.d[1]);
     for (void *d : {dproj, dwin, dw, dgraw, dalog, ddtb, dtoks}) cudaFree(d);

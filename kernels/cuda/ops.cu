@@ -144,7 +144,9 @@ __global__ void conv_silu_kernel(const kd_cu_conv_args a) {
 // bits as the conv kernel followed by kd_kda_prepare.
 __device__ __forceinline__ float4 ld4(const float *p) { return *(const float4 *)p; }
 __device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
-__device__ __forceinline__ float f4at(const float4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ float f4at(const float4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 constexpr int kConv4Hw = kd_conv_width_max - 1; /* history entries of a conv of width 4 */
 
@@ -282,9 +284,10 @@ __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args
         const float A = expf(p.A_log[hv]);
         if (live) {
             const float4 dtb = r ? ld4(p.dt_bias + (int64_t)hv * K + c) : dtb0, g = r ? ld4(grow + r * K) : gz;
+            const int lb = p.use_lb;
             st4(p.decay + (t * HV + hv) * K + c,
-                make_float4(kd_prep_decay(g.x + dtb.x, A, p.use_lb, p.lb), kd_prep_decay(g.y + dtb.y, A, p.use_lb, p.lb),
-                            kd_prep_decay(g.z + dtb.z, A, p.use_lb, p.lb), kd_prep_decay(g.w + dtb.w, A, p.use_lb, p.lb)));
+                make_float4(kd_prep_decay(g.x + dtb.x, A, lb, p.lb), kd_prep_decay(g.y + dtb.y, A, lb, p.lb),
+                            kd_prep_decay(g.z + dtb.z, A, lb, p.lb), kd_prep_decay(g.w + dtb.w, A, lb, p.lb)));
         }
         if (lane == 0) p.beta[t * HV + hv] = kd_prep_beta(r ? p.braw[t * p.braw_ld + hv] : bz, p.neg);
     }
@@ -540,9 +543,9 @@ int kd_cu_conv_prepare_ok(const kd_cu_conv_args *a, const kd_cu_prep_args *p) {
 
 int kd_cu_conv4_ok(const kd_cu_conv_args *a) {
     const int64_t C = 2 * a->QK + a->VD;
-    return a->w && a->W == kd_conv_width_max && a->c0 >= 0 && a->c0 % 4 == 0 && a->c0 < C && (a->c1 == 0 || a->c1 == C) &&
-           C % 4 == 0 && a->QK % 4 == 0 && a->P % 4 == 0 && a->ws % 4 == 0 && al16(a->proj) && al16(a->win) &&
-           al16(a->xrec) && al16(a->w) && al16(a->q) && al16(a->k) && al16(a->v);
+    return a->w && a->W == kd_conv_width_max && a->c0 >= 0 && a->c0 % 4 == 0 && a->c0 < C &&
+           (a->c1 == 0 || a->c1 == C) && C % 4 == 0 && a->QK % 4 == 0 && a->P % 4 == 0 && a->ws % 4 == 0 &&
+           al16(a->proj) && al16(a->win) && al16(a->xrec) && al16(a->w) && al16(a->q) && al16(a->k) && al16(a->v);
 }
 
 cudaError_t kd_cu_conv4(const kd_cu_conv_args *a, cudaStream_t s) {
