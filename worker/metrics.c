@@ -68,6 +68,8 @@ static const counter_desc counter_descs[] = {
     {"kdecode_handoff_failures_total", "Handoffs that failed.", NULL},
     {"kdecode_handoff_nccl_fallbacks_total",
      "Handoffs that went over gRPC because no NCCL link to the decode worker could be made.", NULL},
+    {"kdecode_handoff_write_deferrals_total",
+     "Times the engine left arriving state chunks for after the next step (--handoff-write-budget).", NULL},
 };
 _Static_assert(sizeof counter_descs / sizeof *counter_descs == KD_C_COUNT,
                "one description per counter");

@@ -110,6 +110,7 @@ typedef struct serve_opts {
     int32_t nccl_max_links;
     double nccl_idle_seconds, nccl_connect_seconds;
     int32_t handoff_ready_slots;
+    int64_t handoff_write_budget; /* bytes of arriving states written between two steps (0: all) */
 } serve_opts;
 
 static void usage(FILE *f) {
@@ -123,6 +124,9 @@ static void usage(FILE *f) {
             "  --handoff-ready-slots N  free slots a decode worker holds ready for arriving handoffs,\n"
             "                           so that a state's header does not wait for the running\n"
             "                           step (0..8, default 2; given back while requests wait)\n"
+            "  --handoff-write-budget B  while requests decode, bytes of arriving states written\n"
+            "                           into their slots between two steps; the rest waits, in\n"
+            "                           order, for the next (0: everything queued; default 0)\n"
             "  --peer-tls-ca F          roots to verify decode workers when handing off over TLS\n"
             "                           (with --tls-cert/--tls-key as the client certificate)\n"
             "  --debug-handoff-delay-ms MS  sleep between handoff chunks (fault-injection tests)\n"
@@ -157,7 +161,8 @@ static void usage(FILE *f) {
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
            O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
-           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_READY, O_HELP };
+           O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_READY, O_WBUDGET,
+           O_HELP };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
         {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
@@ -174,7 +179,8 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         {"debug-handoff-delay-ms", required_argument, 0, O_DELAY}, {"activations", required_argument, 0, O_ACT},
         {"handoff-transport", required_argument, 0, O_XPORT}, {"nccl-max-links", required_argument, 0, O_NLINKS},
         {"nccl-idle-seconds", required_argument, 0, O_NIDLE}, {"nccl-connect-seconds", required_argument, 0, O_NCONN},
-        {"handoff-ready-slots", required_argument, 0, O_READY}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"handoff-ready-slots", required_argument, 0, O_READY},
+        {"handoff-write-budget", required_argument, 0, O_WBUDGET}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     kd_engine_config_defaults(&o->eng);
     o->listen = "127.0.0.1:50051", o->role = "decode", o->backend = "auto";
@@ -202,6 +208,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             break;
         case O_LEASE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->handoff_lease_seconds); break;
         case O_READY: bad = kd_parse_i64(optarg, 0, kHandoffPool, &v); o->handoff_ready_slots = (int32_t)v; break;
+        case O_WBUDGET: bad = kd_parse_i64(optarg, 0, 1ll << 40, &v); o->handoff_write_budget = (int64_t)v; break;
         case O_PEERCA: o->peer_tls_ca = optarg; break;
         case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
         case O_XPORT:
@@ -1363,9 +1370,23 @@ static void *engine_main(void *arg) {
         cmd *list = g_srv.cmd_head;
         g_srv.cmd_head = g_srv.cmd_tail = NULL;
         pthread_mutex_unlock(&g_srv.mu);
+        int64_t written = 0; /* bytes of handoffs written into slots since the last step */
         while (list) {
+            if (g_srv.o.handoff_write_budget > 0 && written >= g_srv.o.handoff_write_budget &&
+                kd_engine_has_work(g_srv.eng)) { /* the rest after the next step, ahead of what came since */
+                cmd *last = list;
+                while (last->next) last = last->next;
+                pthread_mutex_lock(&g_srv.mu);
+                last->next = g_srv.cmd_head;
+                if (!g_srv.cmd_head) g_srv.cmd_tail = last;
+                g_srv.cmd_head = list;
+                pthread_mutex_unlock(&g_srv.mu);
+                kd_metrics_add(g_srv.metrics, KD_C_HANDOFF_WRITE_DEFERRALS, 1);
+                break;
+            }
             cmd *c = list;
             list = c->next;
+            if (c->kind == CMD_WRITE) written += (int64_t)c->len;
             run_cmd(c);
             if (c->kind != CMD_WRITE) { /* slots may have changed: GetLoads sees it at once */
                 kd_engine_stats_get(g_srv.eng, &st);

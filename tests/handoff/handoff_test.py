@@ -1385,6 +1385,28 @@ class FaultTest(unittest.TestCase):
         wait_idle(self, self.D, "a handoff dropped while another request decoded (no traffic since)")
         self.assert_served(what="a dropped handoff")
 
+    def test_write_budget_while_others_decode(self):
+        """--handoff-write-budget 1: while requests decode, the decode worker writes one chunk of an
+        arriving state between two steps and leaves the rest in its queue, in order, ahead of
+        what comes later. A state pushed while another request decodes must still land whole
+        and claim the reference tokens, the other request must get its own tokens, and the
+        worker must count the deferrals (so the path ran)."""
+        W = self.decode_worker("decode48-budget", "--max-seqs", "3", "--handoff-write-budget", "1",
+                               "--metrics-listen", "127.0.0.1:0")
+        n_live = 40
+        ref, _ = generate(W, gen_req(self.probe, n_live, spec=SPEC_OFF))
+        live = W.generate_call(gen_req(self.probe, n_live, spec=SPEC_OFF), timeout=T(120))
+        got = list(next(live).token_ids)  # decoding from here on
+        rid = self.new_id("budget")
+        c, d, resp = self.push(self.stream(rid), W)
+        self.assertEqual(c, SC.OK, f"push under a write budget: {c} {d}\n{W.tail()}")
+        self.assertEqual(resp.bytes_received, self.header.layout.total_bytes)
+        got += [t for r in live for t in r.token_ids]
+        self.assertEqual(got, ref, "the request decoding while the state arrived")
+        self.assert_claims(W, rid)
+        self.assertGreater(W.metrics()["kdecode_handoff_write_deferrals_total"], 0,
+                           "no write was left for after a step: the budget's path did not run")
+
     def test_pending_handoff_holds_a_slot_in_loads(self):
         """A handoff holds a slot from its header to its claim: GetLoads (what routers place
         requests by) must count it in slots_used, also on an idle worker."""
