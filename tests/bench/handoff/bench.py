@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -153,11 +154,23 @@ def main():
     rows = []
     m0 = None
     busy = None
+    busy_t = []  # when each of the busy request's token messages arrived
+    windows = []  # (Prefill call start, first decoded token) of each measured request
+
+    def drain():
+        try:
+            for r in busy:
+                if r.token_ids:
+                    busy_t.append(time.monotonic())
+        except grpc.RpcError:
+            pass  # cancelled at the end
+
     try:
         if ARGS.busy:  # one request decoding on the decode worker for the whole run (its steps never stop)
             busy = dec.generate(pb.GenerateRequest(prompt_token_ids=[1, 2, 3], max_tokens=4000, ignore_eos=True),
                                 timeout=3600)
             next(iter(busy))
+            threading.Thread(target=drain, daemon=True).start()
         for i in range(ARGS.warmup + ARGS.requests):
             if i == ARGS.warmup:
                 m0 = dec.metrics()
@@ -177,6 +190,7 @@ def main():
             fl = floor_once(pr.handoff_bytes)
             if i < ARGS.warmup:
                 continue
+            windows.append((t0, first))
             rows.append({"request": rid, "handoff_bytes": pr.handoff_bytes, "handoff_s": pr.handoff_seconds,
                          "prefill_s": pr.prefill_seconds, "prefill_call_s": t1 - t0,
                          "first_decoded_token_s": first - t1, "tcp_floor_s": fl["median_s"],
@@ -203,6 +217,23 @@ def main():
     def hi(k):
         return max(r[k] for r in rows)
 
+    # the busy request's gaps between token messages (about a step each): those that overlap a
+    # handoff (Prefill start to the first decoded token) and the others, after the warm-up
+    gaps_in, gaps_out = [], []
+    t_first = windows[0][0] if windows else 0
+    for a, b in zip(busy_t, busy_t[1:]):
+        if a < t_first:
+            continue
+        (gaps_in if any(a < w1 and b > w0 for w0, w1 in windows) else gaps_out).append(b - a)
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+    itl = {"during_handoffs": {"n": len(gaps_in), "median_s": pct(gaps_in, 0.5), "p99_s": pct(gaps_in, 0.99),
+                               "max_s": max(gaps_in) if gaps_in else float("nan")},
+           "otherwise": {"n": len(gaps_out), "median_s": pct(gaps_out, 0.5), "p99_s": pct(gaps_out, 0.99),
+                         "max_s": max(gaps_out) if gaps_out else float("nan")}} if ARGS.busy else None
     n_recv = m1["kdecode_handoff_duration_seconds_count"] - m0["kdecode_handoff_duration_seconds_count"]
     recv_mean = (m1["kdecode_handoff_duration_seconds_sum"] - m0["kdecode_handoff_duration_seconds_sum"]) / n_recv
     n_steps = m1["kdecode_step_duration_seconds_count"] - m0["kdecode_step_duration_seconds_count"]
@@ -233,6 +264,7 @@ def main():
         "ratio_median_of_pairs": pair_ratio,
         "target_ratio": TARGET,
         "meets_target": ratio >= TARGET,
+        "busy_request_token_gaps": itl,
         "rows": rows,
     }
     with open(ARGS.out + ".json", "w") as f:
@@ -289,6 +321,12 @@ def main():
         + (f"target >= {TARGET:.0%}, for an idle decode worker: not applicable here) |" if ARGS.busy else
            f"target >= {TARGET:.0%}: {'met' if ratio >= TARGET else 'NOT met'}) |"),
         "",
+        *([f"Busy request (decoding on the decode worker throughout): gaps between its token messages, about a "
+           f"step each, ms: during a handoff (Prefill start to the first decoded token) median "
+           f"{ms(itl['during_handoffs']['median_s'])}, p99 {ms(itl['during_handoffs']['p99_s'])}, max "
+           f"{ms(itl['during_handoffs']['max_s'])} ({itl['during_handoffs']['n']} gaps); otherwise median "
+           f"{ms(itl['otherwise']['median_s'])}, p99 {ms(itl['otherwise']['p99_s'])}, max "
+           f"{ms(itl['otherwise']['max_s'])} ({itl['otherwise']['n']} gaps).", ""] if itl else []),
         f"Decode side (kdecode_handoff_duration_seconds, from the PushState call to the verified state): mean "
         f"{ms(recv_mean)} ms. The first decoded token includes one decode step of this model on the CPU "
         f"(kdecode_step_duration_seconds on the decode worker: mean {ms(step_mean)} ms a step).",
