@@ -155,7 +155,7 @@ def main():
     m0 = None
     busy = None
     busy_t = []  # when each of the busy request's token messages arrived
-    windows = []  # (Prefill call start, first decoded token) of each measured request
+    windows = []  # (the push's start, as the prefill side timed it, to the first decoded token) a request
 
     def drain():
         try:
@@ -190,7 +190,7 @@ def main():
             fl = floor_once(pr.handoff_bytes)
             if i < ARGS.warmup:
                 continue
-            windows.append((t0, first))
+            windows.append((t1 - pr.handoff_seconds, first))
             rows.append({"request": rid, "handoff_bytes": pr.handoff_bytes, "handoff_s": pr.handoff_seconds,
                          "prefill_s": pr.prefill_seconds, "prefill_call_s": t1 - t0,
                          "first_decoded_token_s": first - t1, "tcp_floor_s": fl["median_s"],
@@ -218,7 +218,7 @@ def main():
         return max(r[k] for r in rows)
 
     # the busy request's gaps between token messages (about a step each): those that overlap a
-    # handoff (Prefill start to the first decoded token) and the others, after the warm-up
+    # handoff (from the push's start to the first decoded token) and the others, after the warm-up
     gaps_in, gaps_out = [], []
     t_first = windows[0][0] if windows else 0
     for a, b in zip(busy_t, busy_t[1:]):
@@ -322,7 +322,7 @@ def main():
            f"target >= {TARGET:.0%}: {'met' if ratio >= TARGET else 'NOT met'}) |"),
         "",
         *([f"Busy request (decoding on the decode worker throughout): gaps between its token messages, about a "
-           f"step each, ms: during a handoff (Prefill start to the first decoded token) median "
+           f"step each, ms: during a handoff (the push's start to the first decoded token) median "
            f"{ms(itl['during_handoffs']['median_s'])}, p99 {ms(itl['during_handoffs']['p99_s'])}, max "
            f"{ms(itl['during_handoffs']['max_s'])} ({itl['during_handoffs']['n']} gaps); otherwise median "
            f"{ms(itl['otherwise']['median_s'])}, p99 {ms(itl['otherwise']['p99_s'])}, max "
