@@ -40,10 +40,16 @@
 // accepted) of every layer run in one launch before the first layer, since their inputs are
 // the step before's records (kd_cu_conv_fold_layers; kd_cuda_set_fold_layers(0): one a layer).
 // f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
-// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each). In forwards of at most 2 rows a
-// second stream, forked after each layer's input projection and joined at the end of the
-// forward (the graphs keep the branch), prefetches that layer's gate|up first rows into the L2
-// (30 % of it, bulk prefetches from a few SMs; kd_cuda_set_prefetch) while the conv, KDA and
+// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows. Past that (two cuBLAS
+// launches) they run on a second stream with the gates' bf16 copy before them (kd_cuda_set_side_rows):
+// forked after the input projection, f_proj.1 beside the conv (the KDA prepare waits for it), g_proj.1
+// beside the KDA verify (the gated RMSNorm waits for it), each with its own cuBLAS handle and
+// workspace. 48B step on an H200, the default against both on the step's stream (one run): B = 128
+// s = 0 6.172 / 6.278 ms, B = 32 s = 3 (128 rows) 3.857 / 3.937, B = 128 s = 3 10.899 / 11.062; at
+// 32 rows (B = 32 s = 0), where the skinny kernel takes the pair, slower (3.171 / 3.090).
+// In forwards of at most 2 rows the second stream, forked after each layer's input projection and
+// joined at the end of the forward (the graphs keep the branch), prefetches that layer's gate|up
+// first rows into the L2 (30 % of it, bulk prefetches from a few SMs; kd_cuda_set_prefetch) while the conv, KDA and
 // norm kernels leave the memory idle. gate|up streams at the memory's rate, so what it finds in
 // the L2 comes off its time; o_proj is bound by latency and gains little from it (measured with
 // ncu), so it is prefetched only after gate|up's share (kd_cuda_set_prefetch_order(0): o_proj
@@ -93,6 +99,7 @@ constexpr size_t kBlasWorkspace = KD_LT_WORKSPACE; // the workspace gemm_lt.cuh'
 constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
 constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
+constexpr int kSideRows = KD_SKINNY_MAX_M + 1; // f_proj.1 / g_proj.1 on the second stream from these rows
 
 struct cu_layer {
     float *attn_norm, *conv, *A_log, *dt_bias, *g1_bias, *o_norm, *mlp_norm;
@@ -132,6 +139,8 @@ struct cu_backend {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
+    cublasHandle_t blas_side; // the products on the second stream (side_rows): their own handle and workspace
+    void *blas_ws_side;
     kd_cu_lt *lt; // bf16 products the skinny kernel does not take (gemm_lt.cuh); NULL: cublasGemmEx
     int lt_mode;  // 0: cublasGemmEx, 1: cuBLASLt's first algorithm, 2: kd_cu_lt_pick's table too (kd_cuda_set_lt)
     // allocations to free (device and pinned host)
@@ -177,6 +186,10 @@ struct cu_backend {
     // (kd_cuda_set_prefetch): at most pf_bytes a layer, in forwards of at most pf_rows rows
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    // f_proj.1 on the second stream beside the conv, g_proj.1 beside the KDA (kd_cuda_set_side_rows):
+    // in forwards of at least side_rows rows (0: never); ev_f / ev_g mark their ends
+    int side_rows;
+    cudaEvent_t ev_f, ev_g;
     int64_t pf_bytes, l2_bytes;
     int pf_rows, pf_mode;
     int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
@@ -281,8 +294,12 @@ void cu_destroy(kd_backend *b) {
     cu_backend *cb = SELF(b);
     free_all(cb);
     if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->blas_side) cublasDestroy(cb->blas_side);
     kd_cu_lt_destroy(cb->lt);
     if (cb->blas_ws) cudaFree(cb->blas_ws);
+    if (cb->blas_ws_side) cudaFree(cb->blas_ws_side);
+    if (cb->ev_f) cudaEventDestroy(cb->ev_f);
+    if (cb->ev_g) cudaEventDestroy(cb->ev_g);
     if (cb->ev_fork) cudaEventDestroy(cb->ev_fork);
     if (cb->ev_join) cudaEventDestroy(cb->ev_join);
     if (cb->side) cudaStreamDestroy(cb->side);
@@ -648,18 +665,22 @@ bool copy_epi(const cu_backend *cb, int64_t M, int64_t N, int64_t K, const void 
 // C[M][N] = A[M][K] B[N][K]^T + beta C (row-major, leading dimensions given; A in the
 // activation type, B in the weight type, C fp32).
 // ep: the copy epilogue (kd_cu_gemm_skinny_epi) where copy_epi said the product takes it.
+// on_side: on the second stream (cb->side), with its cuBLAS handle and workspace.
 int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
-         float beta, float *C, int64_t ldc, const char *what, kd_err *err, const kd_skinny_epi *ep = nullptr) {
+         float beta, float *C, int64_t ldc, const char *what, kd_err *err, const kd_skinny_epi *ep = nullptr,
+         bool on_side = false) {
     if (M <= 0) return 0;
+    cudaStream_t stream = on_side ? cb->side : cb->stream;
+    cublasHandle_t blas = on_side ? cb->blas_side : cb->blas;
     if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
         return kd_fail(err, "cuda backend: GEMM %s too large", what);
     const int form = cb->bf16 && cb->skinny ? kd_cu_skinny_pick(M, N, K) : 0;
     if (form && kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M)) {
         const cudaError_t e =
             ep ? kd_cu_gemm_skinny_epi(form, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb,
-                                       beta, C, ldc, ep, cb->stream)
+                                       beta, C, ldc, ep, stream)
                : kd_cu_gemm_skinny_form(form, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb,
-                                        beta, C, ldc, cb->stream);
+                                        beta, C, ldc, stream);
         if (e != cudaSuccess)
             return kd_fail(err, "cuda backend: skinny GEMM %s (M %lld N %lld K %lld): %s", what, (long long)M,
                            (long long)N, (long long)K, cudaGetErrorString(e));
@@ -670,16 +691,16 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
     const char *call = cb->bf16 ? "cublasGemmEx" : "cublasSgemm";
     if (cb->bf16 && cb->lt && cb->lt_mode > 0) {
         s = kd_cu_lt_gemm(cb->lt, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb, beta, C, ldc,
-                          cb->blas_ws, kBlasWorkspace, cb->stream);
+                          on_side ? cb->blas_ws_side : cb->blas_ws, kBlasWorkspace, stream);
         call = "cublasLtMatmul";
     }
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && cb->bf16) { // no cuBLASLt algorithm: cublasGemmEx's own
         call = "cublasGemmEx";
-        s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF,
+        s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF,
                          (int)ldb, A, CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT);
     } else if (!cb->bf16) {
-        s = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, (const float *)B,
+        s = cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, (const float *)B,
                         (int)ldb, (const float *)A, (int)lda, &beta, C, (int)ldc);
     }
     if (s != CUBLAS_STATUS_SUCCESS)
@@ -902,19 +923,37 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             KDA(kd_cu_l2_prefetch(w1, a, cb->pf_mode, cb->side));
             KDA(kd_cu_l2_prefetch(w2, r, cb->pf_mode, cb->side));
         }
+        /* the gates' bf16 copy, f_proj.1 and g_proj.1 on the second stream: the conv, then the prepare,
+         * runs beside them (the prepare waits for f_proj.1), the verify beside g_proj.1 (the gated
+         * RMSNorm waits for it) */
+        const bool side = cb->side_rows > 0 && N >= cb->side_rows && !(sk & KD_CUDA_SKIP_FG_PROJ);
+        if (side) {
+            CU(cudaEventRecord(cb->ev_fork, s));
+            CU(cudaStreamWaitEvent(cb->side, cb->ev_fork, 0));
+        }
         const void *fa;
         int64_t flda;
         if (bf) {
             if (!(sk & KD_CUDA_SKIP_COPY_COLS) && !copy_fused)
-                KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, s));
+                KDA(kd_cu_copy_cols(1, cb->fg0, cb->proj, N, P, 2 * QK + VD, 2 * V, side ? cb->side : s));
             fa = cb->fg0, flda = 2 * V;
         } else {
             fa = cb->proj + 2 * QK + VD, flda = P;
         }
+        if (side) {
+            if (gemm(cb, N, HV * K, V, fa, flda, Ly->f1, V, 0.f, cb->graw, HV * K, "f_proj.1", err, nullptr, true))
+                return -1;
+            CU(cudaEventRecord(cb->ev_f, cb->side));
+            if (gemm(cb, N, VD, V, act_at(cb, (void *)fa, V), flda, Ly->g1, V, 0.f, cb->gate, VD, "g_proj.1", err,
+                     nullptr, true))
+                return -1;
+            CU(cudaEventRecord(cb->ev_g, cb->side));
+        }
         /* the conv's loads before its programmatic wait (early) where what it reads (the input
          * projection's output, the windows) was written two or more kernels back: f_proj.1 + g_proj.1
          * run between, and the windows were folded before the first layer */
-        const int early = !(sk & KD_CUDA_SKIP_FG_PROJ) && !(nvf && !fold_first);
+        const bool folds_before = !(nvf && !fold_first);
+        const int early = !(sk & KD_CUDA_SKIP_FG_PROJ) && folds_before && !side;
         kd_cu_conv_args ca = {cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL,
                               (int)cb->W, xrec, b->max_window, cb->q, cb->k, cb->v, 0, 0, early};
         /* the conv of the q and k channels in the prepare's kernel; then the v channels' conv runs
@@ -927,12 +966,13 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
                                !(sk & (KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE)) && kd_cu_conv_prepare_ok(&ca, &pa);
         kd_cu_conv_args cv = ca;
         if (conv_prep) cv.c0 = 2 * QK;
-        ca.early = early && VD > 0; /* the conv + prepare kernel: the v channels' conv just before it */
+        /* the conv + prepare kernel: the v channels' conv just before it */
+        ca.early = (early || (side && folds_before)) && VD > 0;
         /* the conv in the f/g products' launch where the skinny kernel takes them (both read only
          * the input projection's output; a per-layer conv fold would have to run between) */
         const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !(sk & KD_CUDA_SKIP_CONV) && !(nvf && !fold_first);
         bool conv_done = false;
-        if (!(sk & KD_CUDA_SKIP_FG_PROJ) &&
+        if (!(sk & KD_CUDA_SKIP_FG_PROJ) && !side &&
             gemm_pair(cb, N, V, fa, flda, Ly->f1, V, HV * K, cb->graw, HV * K, act_at(cb, (void *)fa, V), flda, Ly->g1,
                       V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err, conv_fuse ? &cv : nullptr, &conv_done))
             return -1;
@@ -942,7 +982,9 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             if (conv_prep && kd_cu_conv4_ok(&cv)) KDA(kd_cu_conv4(&cv, s));
             else KDA(kd_cu_conv_silu_args(&cv, s));
         }
-        pa.graw_early = !conv_done; /* graw early too where the v channels' conv ran alone, after f_proj.1 */
+        /* graw early too where the v channels' conv ran alone, after f_proj.1 (not from the other stream) */
+        pa.graw_early = !conv_done && !side;
+        if (side) CU(cudaStreamWaitEvent(s, cb->ev_f, 0));
         if (conv_prep) KDA(kd_cu_conv_prepare(&ca, &pa, s));
         if (npf)
             KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
@@ -957,6 +999,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (np)
             KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
                               cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
+        if (side) CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
         if (!(sk & KD_CUDA_SKIP_GATED_NORM))
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
                                     c->norm_eps, s));
@@ -1198,6 +1241,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->fold_layers = 1;
     cb->pair = 1;
     cb->fuse = KD_CUDA_FUSE_DEFAULT;
+    cb->side_rows = kSideRows;
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(cb->dev);
     if (e != cudaSuccess) what = "cudaSetDevice";
@@ -1206,26 +1250,36 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     if (!what && (e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess)
         what = "cudaStreamCreateWithFlags (prefetch)";
     if (!what && ((e = cudaEventCreateWithFlags(&cb->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
-                  (e = cudaEventCreateWithFlags(&cb->ev_join, cudaEventDisableTiming)) != cudaSuccess))
+                  (e = cudaEventCreateWithFlags(&cb->ev_join, cudaEventDisableTiming)) != cudaSuccess ||
+                  (e = cudaEventCreateWithFlags(&cb->ev_f, cudaEventDisableTiming)) != cudaSuccess ||
+                  (e = cudaEventCreateWithFlags(&cb->ev_g, cudaEventDisableTiming)) != cudaSuccess))
         what = "cudaEventCreateWithFlags";
     int l2 = 0;
     if (!what && (e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->dev)) != cudaSuccess)
         what = "cudaDeviceGetAttribute (L2 size)";
     cb->l2_bytes = l2;
     cb->pf_bytes = default_prefetch_bytes(cb), cb->pf_rows = 2, cb->pf_mode = 2, cb->pf_gu_first = 1;
-    if (!what && (e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess) what = "cudaMalloc (cuBLAS workspace)";
+    if (!what && ((e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess ||
+                  (e = cudaMalloc(&cb->blas_ws_side, kBlasWorkspace)) != cudaSuccess))
+        what = "cudaMalloc (cuBLAS workspace)";
     if (what) {
         kd_fail(err, "cuda backend: %s: %s", what, cudaGetErrorString(e));
         cu_destroy(&cb->base);
         return NULL;
     }
-    cublasStatus_t st = cublasCreate(&cb->blas);
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     const char *bwhat = "cublasCreate";
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(cb->blas, cb->stream), bwhat = "cublasSetStream";
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasSetWorkspace(cb->blas, cb->blas_ws, kBlasWorkspace), bwhat = "cublasSetWorkspace";
-    // fp32 mode is the reference: no TF32 (the default math mode, stated explicitly)
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH), bwhat = "cublasSetMathMode";
+    for (int i = 0; i < 2 && st == CUBLAS_STATUS_SUCCESS; i++) { /* the step's stream's handle, the side stream's */
+        cublasHandle_t *h = i ? &cb->blas_side : &cb->blas;
+        st = cublasCreate(h), bwhat = "cublasCreate";
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasSetStream(*h, i ? cb->side : cb->stream), bwhat = "cublasSetStream";
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasSetWorkspace(*h, i ? cb->blas_ws_side : cb->blas_ws, kBlasWorkspace),
+            bwhat = "cublasSetWorkspace";
+        // fp32 mode is the reference: no TF32 (the default math mode, stated explicitly)
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(*h, CUBLAS_DEFAULT_MATH), bwhat = "cublasSetMathMode";
+    }
     if (st != CUBLAS_STATUS_SUCCESS) {
         kd_fail(err, "cuda backend: %s: %s", bwhat, cublasGetStatusString(st));
         cu_destroy(&cb->base);
@@ -1295,6 +1349,13 @@ extern "C" int kd_cuda_set_fuse(kd_backend *b, int mask) {
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->fuse = mask;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_side_rows(kd_backend *b, int rows) {
+    cu_backend *cb = regraph(b);
+    if (!cb || rows < 0) return -1;
+    cb->side_rows = rows;
     return 0;
 }
 

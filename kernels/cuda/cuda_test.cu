@@ -853,7 +853,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // the conv of q and k in the prepare's kernel at every row count (kd_cuda_set_conv_prep; the v
 // channels' conv alone) on the first, every kernel its own on the second; variant 10: the same
 // with the v channels' conv in f_proj.1 + g_proj.1's launch on the first, the whole conv there on
-// the second.
+// the second. Variant 11: f_proj.1 and g_proj.1 on the second stream in every forward
+// (kd_cuda_set_side_rows 1) on the first, never on the second.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -876,8 +877,9 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                   0) &&
              kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
              (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0) &&
-             (variant < 7 || kd_cuda_set_fuse(be[i], fuse_masks[variant - 7][i]) == 0) &&
-             kd_cuda_set_conv_prep(be[i], variant >= 9) == 0 &&
+             (variant < 7 || variant > 10 || kd_cuda_set_fuse(be[i], fuse_masks[variant - 7][i]) == 0) &&
+             kd_cuda_set_conv_prep(be[i], variant == 9 || variant == 10) == 0 &&
+             (variant != 11 || kd_cuda_set_side_rows(be[i], i == 0 ? 1 : 0) == 0) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
@@ -888,6 +890,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 8 ? "conv + f/g launch"
                                             : variant == 9 ? "conv + prepare"
                                             : variant == 10 ? "conv + prepare, v conv + f/g launch"
+                                            : variant == 11 ? "f/g on a second stream"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
@@ -898,6 +901,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              : variant == 9 ? "bf16, the q and k conv in the prepare's kernel / every kernel its own"
              : variant == 10 ? "bf16, the q and k conv in the prepare's kernel and the v conv in f_proj.1 + "
                                "g_proj.1's launch / the whole conv there"
+             : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -1838,6 +1842,8 @@ int main(int argc, char **argv) {
     graph_case(specs[0], seed + 34, quick ? 8 : 30, 9);
     if (!quick) graph_case(specs[1], seed + 35, 30, 9);
     graph_case(specs[quick ? 0 : 1], seed + 36, quick ? 8 : 30, 10);
+    graph_case(specs[0], seed + 37, quick ? 8 : 30, 11);
+    if (!quick) graph_case(specs[1], seed + 38, 30, 11);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

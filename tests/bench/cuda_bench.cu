@@ -233,8 +233,10 @@ int main(int argc, char **argv) {
                      "step (graphs, cublasGemmEx) ms | step (graphs, cuBLASLt's first algorithm) ms | "
                      "step (graphs, one-pass verify in stream order) ms | step (graphs, conv and prepare apart) ms | "
                      "step (graphs, conv + prepare at every row count) ms | "
+                     "step (graphs, f_proj.1 and g_proj.1 on the step's stream) ms | "
+                     "step (graphs, f_proj.1 and g_proj.1 on a second stream at every row count) ms | "
                      "bytes/step GB | roofline ms | of roofline |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     std::vector<int32_t> rec(129, 0);
     std::string abl_md = "| B | s | step ms |";
     for (int i = 0; i < kAblate; i++) abl_md += std::string(" ") + kAblateName[i] + " |";
@@ -246,6 +248,7 @@ int main(int argc, char **argv) {
     int l2 = 0;
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
     const int pf_rows_default = 2, pf_mode_default = 2, pf_order_default = 1; /* as the backend's defaults */
+    const int side_rows_default = 33; /* kd_cuda_set_side_rows: the backend's default */
     struct PfConf {
         double l2_frac; /* of the L2; < 0: o_proj's bytes */
         int mode;
@@ -296,14 +299,15 @@ int main(int argc, char **argv) {
              * cublasGemmEx / cuBLASLt's first algorithm instead of gemm_lt.cuh's table (kd_cuda_set_lt),
              * ms[12]: the one-pass KDA verify in plain stream order (kd_kda_onepass_pdl(0)), ms[13]: the
              * conv and the KDA prepare in their own kernels (all fusions but KD_CUDA_FUSE_CONV_PREP),
-             * ms[14]: the conv + prepare kernel at every row count (kd_cuda_set_conv_prep) */
-            double ms[15] = {0};
+             * ms[14]: the conv + prepare kernel at every row count (kd_cuda_set_conv_prep), ms[15] / ms[16]:
+             * f_proj.1 and g_proj.1 never / at every row count on the second stream (kd_cuda_set_side_rows) */
+            double ms[17] = {0};
             /* then graphs with each kind of kernel left out in turn (kd_cuda_set_skip: wrong results,
              * timing only): abl[i] with bit i; only[0] with the weight products alone, only[1] with
              * everything else alone; then graphs with the L2 prefetch in every step, pf[i] with kPf[i] */
             double abl[kAblate] = {0}, only[2] = {0, 0}, pf[kPfN] = {0};
             /* v: 0 graphs, 1 eager, 2-6 the ms[] columns, then the left-out runs, then the sweep */
-            const int v_abl = 15, v_only = v_abl + kAblate, v_pf = v_only + 2, n_v = v_pf + kPfN;
+            const int v_abl = 17, v_only = v_abl + kAblate, v_pf = v_only + 2, n_v = v_pf + kPfN;
             for (int v = 0; v < (prof_b >= 0 ? 1 : n_v); v++) {
                 const int graphs = v != 1;
                 kd_cuda_set_pdl(be, v != 2);
@@ -323,6 +327,7 @@ int main(int argc, char **argv) {
                                                : KD_CUDA_FUSE_DEFAULT);
                 kd_kda_onepass_pdl(v != 12);
                 kd_cuda_set_conv_prep(be, v == 14);
+                kd_cuda_set_side_rows(be, v == 15 ? 0 : v == 16 ? 1 : side_rows_default);
                 kd_cuda_set_lt(be, v == 10 ? 0 : v == 11 ? 1 : 2);
                 kd_cuda_set_skip(be, v >= v_abl && v < v_only ? 1u << (v - v_abl)
                                      : v == v_only        ? kOthers
@@ -362,6 +367,7 @@ int main(int argc, char **argv) {
             kd_cuda_set_lt(be, 2);
             kd_kda_onepass_pdl(1);
             kd_cuda_set_conv_prep(be, 0);
+            kd_cuda_set_side_rows(be, side_rows_default);
             if (prof_b >= 0) {
                 cudaDeviceSynchronize();
                 cudaProfilerStop();
@@ -383,10 +389,11 @@ int main(int argc, char **argv) {
                    "(graphs, "
                    "no fusion), %.3f / %.3f ms (graphs, only the copy / the conv fused), %.3f / %.3f ms (graphs, "
                    "cublasGemmEx / cuBLASLt's first algorithm), %.3f ms (graphs, one-pass verify in stream order), "
-                   "%.3f ms (graphs, conv and prepare apart), %.3f ms (graphs, conv + prepare at every row count); "
+                   "%.3f ms (graphs, conv and prepare apart), %.3f ms (graphs, conv + prepare at every row count), "
+                   "%.3f / %.3f ms (graphs, f/g on the step's stream / on a second stream at every row count); "
                    "%.2f GB/step; roofline %.3f ms: %.1f %%\n",
                    Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10], ms[11],
-                   ms[12], ms[13], ms[14], bytes / 1e9, roof, 100 * frac);
+                   ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
             snprintf(buf, sizeof buf,
                      "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
                      "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, "
@@ -395,17 +402,18 @@ int main(int argc, char **argv) {
                      "\"step_ms_graphs_copy_fused\": %.4f, \"step_ms_graphs_conv_fused\": %.4f, "
                      "\"step_ms_graphs_gemmex\": %.4f, \"step_ms_graphs_lt_first\": %.4f, "
                      "\"step_ms_graphs_onepass_stream_order\": %.4f, \"step_ms_graphs_conv_prepare_apart\": %.4f, "
-                     "\"step_ms_graphs_conv_prepare_always\": %.4f, \"step_ms_products_only\": %.4f, "
+                     "\"step_ms_graphs_conv_prepare_always\": %.4f, \"step_ms_graphs_fg_one_stream\": %.4f, "
+                     "\"step_ms_graphs_fg_side_always\": %.4f, \"step_ms_products_only\": %.4f, "
                      "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
                      first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8],
-                     ms[9], ms[10], ms[11], ms[12], ms[13], ms[14], only[0], only[1], roof, frac);
+                     ms[9], ms[10], ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], only[0], only[1], roof, frac);
             json += buf;
             first = false;
             snprintf(buf, sizeof buf,
                      "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
-                     "| %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f %% |\n",
+                     "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f %% |\n",
                      Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10],
-                     ms[11], ms[12], ms[13], ms[14], bytes / 1e9, roof, 100 * frac);
+                     ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
             md += buf;
             /* the L2 prefetch in every step, by bytes a layer and mode */
             snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[5]);
@@ -539,8 +547,11 @@ int main(int argc, char **argv) {
                    "(from B = 3) in plain stream order instead of a programmatic dependent of the KDA "
                    "prepare (kd_kda_onepass_pdl(0)), the next with the conv of the q and k channels and the KDA "
                    "prepare in their own kernels instead of one (every fusion but KD_CUDA_FUSE_CONV_PREP; the default "
-                   "takes the one kernel by row count, kernels/cuda/cuda_backend.cu conv_prep_rows), the last with the "
-                   "one kernel at every row count (kd_cuda_set_conv_prep), in the same run.\n\n%s\n",
+                   "takes the one kernel by row count, kernels/cuda/cuda_backend.cu conv_prep_rows), the next with the "
+                   "one kernel at every row count (kd_cuda_set_conv_prep), the last two with f_proj.1 and g_proj.1 "
+                   "never / at every row count on a second stream beside the conv and the KDA kernels (the default: "
+                   "from %d rows; kd_cuda_set_side_rows), in the same run.\n\n%s\n",
+                side_rows_default,
                 md.c_str());
         fprintf(f, "### Where a step's time goes\n\nEach kind of kernel left out of every layer in turn "
                    "(kd_cuda_set_skip: the results are wrong, the timing is what that kernel costs the step on its "

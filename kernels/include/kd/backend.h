@@ -270,6 +270,13 @@ int kd_cuda_set_fuse(kd_backend *b, int mask);
  * the two kernels apart. The same bits either way; drops the captured graphs. Benchmarks and
  * tests. */
 int kd_cuda_set_conv_prep(kd_backend *b, int always);
+/* In forwards of at least `rows` activation rows (0: never; the default 33, past the rows the
+ * skinny kernel takes f_proj.1 + g_proj.1 in one launch), the gates' bf16 copy and f_proj.1 run on
+ * a second stream beside the conv and g_proj.1 beside the KDA kernels (forked after the input
+ * projection; f_proj.1 joined before the KDA prepare, g_proj.1 before the gated RMSNorm), each
+ * its own launch; else all on the step's stream (one launch where the skinny kernel takes them).
+ * The same bits either way; drops the captured graphs; -1 for rows < 0. Benchmarks and tests. */
+int kd_cuda_set_side_rows(kd_backend *b, int rows);
 /* Benchmarks only, to place a step's time without a timeline profiler: leaves the named
  * kernels of every layer (or the head's product) out of the step, so its results are WRONG;
  * the time a step loses is what those kernels cost on its critical path. 0 (the default)
