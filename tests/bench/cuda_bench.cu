@@ -9,6 +9,9 @@
 //   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
 //   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
+//   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
+//   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
+//   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians printed, nothing written.
 //
 // (1) The copy floor: cudaMemcpy device to device of 2 GiB, bandwidth = bytes read + written
 //     over the time (best of 10).
@@ -31,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -217,6 +221,48 @@ int main(int argc, char **argv) {
     const kd_state_layout &lay = be->layout;
     const int64_t C = 2 * QK + VD;
     const int Tw = be->max_window;
+
+    if (getenv("KD_BENCH_SIDE_SWEEP")) { /* where the second stream starts to pay */
+        const int pts[][2] = {{4, 0}, {8, 0}, {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0},
+                              {2, 3}, {4, 3}, {6, 3}, {8, 3}, {12, 3}, {16, 3}, {24, 3}};
+        std::vector<int32_t> rec0(128, 0);
+        printf("| B | s | rows | step ms, f/g on the step's stream | step ms, on a second stream | second / first |\n"
+               "|---|---|---|---|---|---|\n");
+        for (const auto &pt : pts) {
+            const int Bn = pt[0], T = 1 + pt[1];
+            std::vector<kd_batch_row> rows((size_t)Bn);
+            std::vector<int32_t> tok((size_t)Bn * T), ot((size_t)Bn * Tw), oa((size_t)Bn), ou((size_t)Bn);
+            std::vector<kd_sample_params> sp((size_t)Bn);
+            std::vector<double> uni((size_t)Bn * Tw, 0.5);
+            for (auto &p : sp) memset(&p, 0, sizeof p), p.top_p = 1;
+            std::vector<double> t[2];
+            for (int round = 0; round < 5; round++)
+                for (int side = 0; side < 2; side++) {
+                    kd_cuda_set_side_rows(be, side);
+                    const int warm = 3, n = 20;
+                    double tstart = 0;
+                    for (int it = 0; it < warm + n; it++) {
+                        if (it == warm) tstart = now();
+                        for (int r = 0; r < Bn; r++) {
+                            rows[(size_t)r] = kd_batch_row{r, T, KD_LOGITS_ALL, KD_ROW_VERIFY, rec0[(size_t)r]};
+                            for (int i = 0; i < T; i++) tok[(size_t)r * T + i] = (int32_t)(rnd() % (uint64_t)VOC);
+                        }
+                        kd_batch b = {Bn, rows.data(), tok.data()};
+                        if (kd_backend_forward_sample(be, &b, sp.data(), uni.data(), ot.data(), oa.data(), ou.data(),
+                                                      &err))
+                            return printf("B=%d s=%d: %s\n", Bn, pt[1], err.msg), 1;
+                        for (int r = 0; r < Bn; r++) rec0[(size_t)r] = T;
+                    }
+                    t[side].push_back((now() - tstart) / n * 1e3);
+                }
+            for (auto &v : t) std::sort(v.begin(), v.end());
+            printf("| %d | %d | %d | %.3f | %.3f | %.3f |\n", Bn, pt[1], Bn * T, t[0][2], t[1][2], t[1][2] / t[0][2]);
+            fflush(stdout);
+        }
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
 
     // (2) decode steps
     std::string json = "{\n  \"device\": \"" + std::string(info.device0_name) + "\",\n  \"date\": \"" + date +
