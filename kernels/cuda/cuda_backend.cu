@@ -44,9 +44,10 @@
 // launches) they run on a second stream with the gates' bf16 copy before them (kd_cuda_set_side_rows):
 // forked after the input projection, f_proj.1 beside the conv (the KDA prepare waits for it), g_proj.1
 // beside the KDA verify (the gated RMSNorm waits for it), each with its own cuBLAS handle and
-// workspace. 48B step on an H200, the default against both on the step's stream (one run): B = 128
-// s = 0 6.172 / 6.278 ms, B = 32 s = 3 (128 rows) 3.857 / 3.937, B = 128 s = 3 10.899 / 11.062; at
-// 32 rows (B = 32 s = 0), where the skinny kernel takes the pair, slower (3.171 / 3.090).
+// workspace. 48B step on an H200, the default against all on the step's stream (one run): B = 128
+// s = 0 6.176 / 6.256 ms, B = 32 s = 3 (128 rows) 3.885 / 3.941, B = 128 s = 3 10.654 / 10.942; at
+// 16-32 rows, where the skinny kernel takes the pair, 1.6-3.1 % slower (cuda_bench KD_BENCH_SIDE_SWEEP;
+// tests/bench/results/kimi48b_cuda_h200.md).
 // In forwards of at most 2 rows the second stream, forked after each layer's input projection and
 // joined at the end of the forward (the graphs keep the branch), prefetches that layer's gate|up
 // first rows into the L2 (30 % of it, bulk prefetches from a few SMs; kd_cuda_set_prefetch) while the conv, KDA and
