@@ -191,6 +191,7 @@ struct cu_backend {
     // in forwards of at least side_rows rows (0: never); ev_f / ev_g mark their ends
     int side_rows;
     cudaEvent_t ev_f, ev_g;
+    int side_open; // launch: work on the second stream that the step's stream has not joined yet
     int64_t pf_bytes, l2_bytes;
     int pf_rows, pf_mode;
     int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
@@ -865,7 +866,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
 // Enqueues one forward of the encoded batch on the stream (no host wait: graph capture
 // records exactly this): the metadata upload, the model, the head in chunks of rows, then
 // either the logits to the host or the sampler and its results to the pinned buffer.
-int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
+int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     kd_backend *b = &cb->base;
     const kd_config *c = &b->config;
     const meta_layout *ml = &cb->ml;
@@ -921,6 +922,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             const int64_t r = (b2 < cb->pf_bytes - a ? b2 : cb->pf_bytes - a) & ~(int64_t)15;
             CU(cudaEventRecord(cb->ev_fork, s));
             CU(cudaStreamWaitEvent(cb->side, cb->ev_fork, 0));
+            cb->side_open = 1;
             KDA(kd_cu_l2_prefetch(w1, a, cb->pf_mode, cb->side));
             KDA(kd_cu_l2_prefetch(w2, r, cb->pf_mode, cb->side));
         }
@@ -931,6 +933,7 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (side) {
             CU(cudaEventRecord(cb->ev_fork, s));
             CU(cudaStreamWaitEvent(cb->side, cb->ev_fork, 0));
+            cb->side_open = 1;
         }
         const void *fa;
         int64_t flda;
@@ -1000,7 +1003,10 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (np)
             KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
                               cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
-        if (side) CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
+        if (side) {
+            CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
+            cb->side_open = 0; /* all its work so far */
+        }
         if (!(sk & KD_CUDA_SKIP_GATED_NORM))
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
                                     c->norm_eps, s));
@@ -1046,8 +1052,21 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     if (prefetch) { /* the side stream joins the step's stream (a capture ends with both joined) */
         CU(cudaEventRecord(cb->ev_join, cb->side));
         CU(cudaStreamWaitEvent(s, cb->ev_join, 0));
+        cb->side_open = 0;
     }
     return 0;
+}
+
+// One forward's launches (launch_body). A forward that fails after forking the second stream
+// joins it still, so that a capture ends with both streams joined and no work of the second
+// stream is left to overlap the next forward's.
+int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
+    cb->side_open = 0;
+    const int rc = launch_body(cb, sh, err);
+    if (rc && cb->side_open && cudaEventRecord(cb->ev_join, cb->side) == cudaSuccess)
+        cudaStreamWaitEvent(cb->stream, cb->ev_join, 0);
+    cb->side_open = 0;
+    return rc;
 }
 
 // After the stream ran a forward of these rows: a verify wrote its key/decay records into
