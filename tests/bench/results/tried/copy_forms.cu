@@ -87,6 +87,25 @@ __global__ void __launch_bounds__(32) c_bulk(const char *s, char *d, size_t byte
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// Copy form f (the names in main) of bytes from s to d on st.
+static void launch_form(int f, const char *s, char *d, size_t bytes, int sms, cudaStream_t st) {
+    const size_t n = bytes / 16;
+    const float4 *s4 = (const float4 *)s;
+    float4 *d4 = (float4 *)d;
+    switch (f) {
+    case 0: CK(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, st)); break;
+    case 1: c_grid1<<<sms * 8, 256, 0, st>>>(s4, d4, n); break;
+    case 2: c_gridU<4><<<sms * 8, 256, 0, st>>>(s4, d4, n); break;
+    case 3: c_gridU<8><<<sms * 8, 256, 0, st>>>(s4, d4, n); break;
+    case 4: c_gridU_hint<4><<<sms * 8, 256, 0, st>>>(s4, d4, n); break;
+    case 5: c_chunk<<<sms * 4, 256, 0, st>>>(s4, d4, n); break;
+    case 6: c_bulk<4, 16384><<<sms * 4, 32, 65536, st>>>(s, d, bytes); break;
+    case 7: c_bulk<8, 8192><<<sms * 4, 32, 65536, st>>>(s, d, bytes); break;
+    case 8: c_bulk<4, 32768><<<sms * 2, 32, 131072, st>>>(s, d, bytes); break;
+    case 9: c_bulk<6, 16384><<<sms * 2, 32, 98304, st>>>(s, d, bytes); break;
+    }
+}
+
 int main() {
     int dev = 0; cudaDeviceProp p; CK(cudaGetDeviceProperties(&p, dev));
     const int sms = p.multiProcessorCount;
@@ -114,27 +133,14 @@ int main() {
             std::vector<float> ts;
             for (int rep = 0; rep < 12; rep++) {
                 const char *s = bufs[(rep % NB) * 2]; char *d = bufs[(rep % NB) * 2 + 1];
-                const size_t n = bytes / 16;
                 CK(cudaEventRecord(e0, st));
-                switch (f) {
-                case 0: CK(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, st)); break;
-                case 1: c_grid1<<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, n); break;
-                case 2: c_gridU<4><<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, n); break;
-                case 3: c_gridU<8><<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, n); break;
-                case 4: c_gridU_hint<4><<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, n); break;
-                case 5: c_chunk<<<sms * 4, 256, 0, st>>>((const float4 *)s, (float4 *)d, n); break;
-                case 6: c_bulk<4, 16384><<<sms * 4, 32, 65536, st>>>(s, d, bytes); break;
-                case 7: c_bulk<8, 8192><<<sms * 4, 32, 65536, st>>>(s, d, bytes); break;
-                case 8: c_bulk<4, 32768><<<sms * 2, 32, 131072, st>>>(s, d, bytes); break;
-                case 9: c_bulk<6, 16384><<<sms * 2, 32, 98304, st>>>(s, d, bytes); break;
-                }
+                launch_form(f, s, d, bytes, sms, st);
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 CK(cudaGetLastError());
                 float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (rep >= 2) ts.push_back(ms);
             }
-            // check the last copy
             std::sort(ts.begin(), ts.end());
             const double med = ts[ts.size() / 2];
             printf(" %.0f |", 2.0 * bytes / (med * 1e-3) / 1e9);
@@ -150,19 +156,8 @@ int main() {
         CK(cudaMemcpy(bufs[0], h.data(), bytes, cudaMemcpyHostToDevice));
         for (int f = 0; f < NF; f++) {
             CK(cudaMemset(bufs[1], 0xff, bytes));
-            const char *s = bufs[0]; char *d = bufs[1]; const size_t m = bytes / 16;
-            switch (f) {
-            case 0: CK(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, st)); break;
-            case 1: c_grid1<<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, m); break;
-            case 2: c_gridU<4><<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, m); break;
-            case 3: c_gridU<8><<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, m); break;
-            case 4: c_gridU_hint<4><<<sms * 8, 256, 0, st>>>((const float4 *)s, (float4 *)d, m); break;
-            case 5: c_chunk<<<sms * 4, 256, 0, st>>>((const float4 *)s, (float4 *)d, m); break;
-            case 6: c_bulk<4, 16384><<<sms * 4, 32, 65536, st>>>(s, d, bytes); break;
-            case 7: c_bulk<8, 8192><<<sms * 4, 32, 65536, st>>>(s, d, bytes); break;
-            case 8: c_bulk<4, 32768><<<sms * 2, 32, 131072, st>>>(s, d, bytes); break;
-            case 9: c_bulk<6, 16384><<<sms * 2, 32, 98304, st>>>(s, d, bytes); break;
-            }
+            const char *s = bufs[0]; char *d = bufs[1];
+            launch_form(f, s, d, bytes, sms, st);
             CK(cudaStreamSynchronize(st));
             CK(cudaMemcpy(g.data(), bufs[1], bytes, cudaMemcpyDeviceToHost));
             size_t bad = 0;
