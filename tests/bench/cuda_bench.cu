@@ -11,7 +11,7 @@
 //   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
-//   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians printed, nothing written.
+//   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
 //
 // (1) The copy floor: cudaMemcpy device to device of 2 GiB, bandwidth = bytes read + written
 //     over the time (best of 10).
@@ -100,6 +100,37 @@ static void on_event(void *ctx, const kd_event *ev) {
     std::vector<int32_t> &v = s->toks[ev->id];
     v.insert(v.end(), ev->tokens, ev->tokens + ev->n_tokens);
     if (ev->finish != KD_FINISH_NONE) s->finished++;
+}
+
+// Decode steps of Bn verify rows (slots 0 .. Bn - 1) of T random tokens below vocab, greedy, each
+// row folding rec[r] records (then T: every draft accepted): warm steps, then n timed, in the
+// backend's current settings. The mean ms a timed step, or -1 with the error printed. profile: the
+// timed steps between cudaProfilerStart and the caller's cudaProfilerStop.
+static double time_steps(kd_backend *be, int Bn, int T, int64_t vocab, int warm, int n, std::vector<int32_t> &rec,
+                         bool profile) {
+    const int Tw = be->max_window;
+    std::vector<kd_batch_row> rows((size_t)Bn);
+    std::vector<int32_t> tok((size_t)Bn * T), ot((size_t)Bn * Tw), oa((size_t)Bn), ou((size_t)Bn);
+    std::vector<kd_sample_params> sp((size_t)Bn);
+    std::vector<double> uni((size_t)Bn * Tw, 0.5);
+    for (auto &p : sp) memset(&p, 0, sizeof p), p.top_p = 1;
+    kd_err err;
+    double tstart = 0;
+    for (int it = 0; it < warm + n; it++) {
+        if (it == warm) tstart = now();
+        if (it == warm && profile) cudaDeviceSynchronize(), cudaProfilerStart();
+        for (int r = 0; r < Bn; r++) {
+            rows[(size_t)r] = kd_batch_row{r, T, KD_LOGITS_ALL, KD_ROW_VERIFY, rec[(size_t)r]};
+            for (int i = 0; i < T; i++) tok[(size_t)r * T + i] = (int32_t)(rnd() % (uint64_t)vocab);
+        }
+        kd_batch b = {Bn, rows.data(), tok.data()};
+        if (kd_backend_forward_sample(be, &b, sp.data(), uni.data(), ot.data(), oa.data(), ou.data(), &err)) {
+            printf("B=%d s=%d: %s\n", Bn, T - 1, err.msg);
+            return -1;
+        }
+        for (int r = 0; r < Bn; r++) rec[(size_t)r] = T;
+    }
+    return (now() - tstart) / n * 1e3;
 }
 
 int main(int argc, char **argv) {
@@ -220,44 +251,54 @@ int main(int argc, char **argv) {
     if (!e) return printf("engine: %s\n", err.msg), 1;
     const kd_state_layout &lay = be->layout;
     const int64_t C = 2 * QK + VD;
-    const int Tw = be->max_window;
 
+    const int side_rows_default = 33; /* kd_cuda_set_side_rows: the backend's default */
     if (getenv("KD_BENCH_SIDE_SWEEP")) { /* where the second stream starts to pay */
         const int pts[][2] = {{4, 0}, {8, 0}, {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0},
                               {2, 3}, {4, 3}, {6, 3}, {8, 3}, {12, 3}, {16, 3}, {24, 3}};
         std::vector<int32_t> rec0(128, 0);
-        printf("| B | s | rows | step ms, f/g on the step's stream | step ms, on a second stream | second / first |\n"
-               "|---|---|---|---|---|---|\n");
+        std::string md = "| B | s | rows | step ms, f/g on the step's stream | step ms, on a second stream | "
+                         "second / first |\n|---|---|---|---|---|---|\n",
+                    js = "{\n  \"device\": \"" + std::string(info.device0_name) + "\",\n  \"date\": \"" + date +
+                         "\",\n  \"commit\": \"" + argv[2] + "\",\n  \"command\": \"" + argv[3] +
+                         "\",\n  \"rounds\": 5,\n  \"steps_per_round\": 20,\n  \"points\": [\n";
+        char line[256];
         for (const auto &pt : pts) {
             const int Bn = pt[0], T = 1 + pt[1];
-            std::vector<kd_batch_row> rows((size_t)Bn);
-            std::vector<int32_t> tok((size_t)Bn * T), ot((size_t)Bn * Tw), oa((size_t)Bn), ou((size_t)Bn);
-            std::vector<kd_sample_params> sp((size_t)Bn);
-            std::vector<double> uni((size_t)Bn * Tw, 0.5);
-            for (auto &p : sp) memset(&p, 0, sizeof p), p.top_p = 1;
             std::vector<double> t[2];
             for (int round = 0; round < 5; round++)
                 for (int side = 0; side < 2; side++) {
                     kd_cuda_set_side_rows(be, side);
-                    const int warm = 3, n = 20;
-                    double tstart = 0;
-                    for (int it = 0; it < warm + n; it++) {
-                        if (it == warm) tstart = now();
-                        for (int r = 0; r < Bn; r++) {
-                            rows[(size_t)r] = kd_batch_row{r, T, KD_LOGITS_ALL, KD_ROW_VERIFY, rec0[(size_t)r]};
-                            for (int i = 0; i < T; i++) tok[(size_t)r * T + i] = (int32_t)(rnd() % (uint64_t)VOC);
-                        }
-                        kd_batch b = {Bn, rows.data(), tok.data()};
-                        if (kd_backend_forward_sample(be, &b, sp.data(), uni.data(), ot.data(), oa.data(), ou.data(),
-                                                      &err))
-                            return printf("B=%d s=%d: %s\n", Bn, pt[1], err.msg), 1;
-                        for (int r = 0; r < Bn; r++) rec0[(size_t)r] = T;
-                    }
-                    t[side].push_back((now() - tstart) / n * 1e3);
+                    const double ms = time_steps(be, Bn, T, VOC, 3, 20, rec0, false);
+                    if (ms < 0) return 1;
+                    t[side].push_back(ms);
                 }
             for (auto &v : t) std::sort(v.begin(), v.end());
-            printf("| %d | %d | %d | %.3f | %.3f | %.3f |\n", Bn, pt[1], Bn * T, t[0][2], t[1][2], t[1][2] / t[0][2]);
-            fflush(stdout);
+            snprintf(line, sizeof line, "| %d | %d | %d | %.3f | %.3f | %.3f |\n", Bn, pt[1], Bn * T, t[0][2], t[1][2],
+                     t[1][2] / t[0][2]);
+            md += line;
+            printf("%s", line);
+            snprintf(line, sizeof line,
+                     "%s    {\"B\": %d, \"s\": %d, \"rows\": %d, \"step_ms_one_stream\": %.4f, "
+                     "\"step_ms_second_stream\": %.4f}",
+                     &pt == &pts[0] ? "" : ",\n", Bn, pt[1], Bn * T, t[0][2], t[1][2]);
+            js += line;
+        }
+        js += "\n  ]\n}\n";
+        kd_cuda_set_side_rows(be, side_rows_default);
+        const std::string pj = std::string(argv[1]) + ".json", pm = std::string(argv[1]) + ".md";
+        FILE *f = fopen(pj.c_str(), "w");
+        if (f) fputs(js.c_str(), f), fclose(f);
+        f = fopen(pm.c_str(), "w");
+        if (f) {
+            fprintf(f, "# Kimi-Linear-48B KDA preset: f_proj.1 and g_proj.1 on a second stream, by rows\n\n"
+                       "device: %s; date: %s; commit: %s; command: `%s`\n\n"
+                       "Decode steps (graphs, greedy, every draft accepted) of B rows of s + 1 tokens, with f_proj.1 "
+                       "and g_proj.1 on the step's stream (kd_cuda_set_side_rows 0) and on the second stream "
+                       "(kd_cuda_set_side_rows 1), the two alternated over 5 rounds of 20 steps (3 warm-up "
+                       "steps each); medians. The backend's default takes the second stream from %d rows.\n\n%s",
+                    info.device0_name, date, argv[2], argv[3], side_rows_default, md.c_str());
+            fclose(f);
         }
         kd_engine_free(e);
         kd_backend_free(be);
@@ -294,7 +335,6 @@ int main(int argc, char **argv) {
     int l2 = 0;
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
     const int pf_rows_default = 2, pf_mode_default = 2, pf_order_default = 1; /* as the backend's defaults */
-    const int side_rows_default = 33; /* kd_cuda_set_side_rows: the backend's default */
     struct PfConf {
         double l2_frac; /* of the L2; < 0: o_proj's bytes */
         int mode;
@@ -330,11 +370,6 @@ int main(int argc, char **argv) {
         for (int s : {0, 3}) {
             if (prof_b >= 0 && (Bn != prof_b || s != prof_s)) continue;
             const int T = 1 + s;
-            std::vector<kd_batch_row> rows((size_t)Bn);
-            std::vector<int32_t> tok((size_t)Bn * T), ot((size_t)Bn * Tw), oa((size_t)Bn), ou((size_t)Bn);
-            std::vector<kd_sample_params> sp((size_t)Bn);
-            std::vector<double> uni((size_t)Bn * Tw, 0.5);
-            for (auto &p : sp) memset(&p, 0, sizeof p), p.top_p = 1;
             /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
              * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
              * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
@@ -380,23 +415,8 @@ int main(int argc, char **argv) {
                                      : v == v_only + 1    ? kProducts
                                                           : 0u);
                 kd_cuda_set_graphs(be, graphs);
-                const int warm = 3, n = prof_b >= 0 ? 2 : graphs ? 30 : 10;
-                double tstart = 0;
-                for (int it = 0; it < warm + n; it++) {
-                    if (it == warm) tstart = now();
-                    if (it == warm && prof_b >= 0) cudaDeviceSynchronize(), cudaProfilerStart();
-                    for (int r = 0; r < Bn; r++) {
-                        rows[(size_t)r] = kd_batch_row{r, T, KD_LOGITS_ALL, KD_ROW_VERIFY, rec[(size_t)r]};
-                        for (int i = 0; i < T; i++) tok[(size_t)r * T + i] = (int32_t)(rnd() % (uint64_t)VOC);
-                    }
-                    kd_batch b = {Bn, rows.data(), tok.data()};
-                    if (kd_backend_forward_sample(be, &b, sp.data(), uni.data(), ot.data(), oa.data(), ou.data(), &err)) {
-                        printf("B=%d s=%d: %s\n", Bn, s, err.msg);
-                        return 1;
-                    }
-                    for (int r = 0; r < Bn; r++) rec[(size_t)r] = T; // every draft accepted: fold the window
-                }
-                const double t = (now() - tstart) / n * 1e3;
+                const double t = time_steps(be, Bn, T, VOC, 3, prof_b >= 0 ? 2 : graphs ? 30 : 10, rec, prof_b >= 0);
+                if (t < 0) return 1;
                 if (v >= v_pf) pf[v - v_pf] = t;
                 else if (v >= v_only) only[v - v_only] = t;
                 else if (v >= v_abl) abl[v - v_abl] = t;
