@@ -40,23 +40,29 @@
 // accepted) of every layer run in one launch before the first layer, since their inputs are
 // the step before's records (kd_cu_conv_fold_layers; kd_cuda_set_fold_layers(0): one a layer).
 // f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
-// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows. Past that (two cuBLAS
-// launches) they run on a second stream with the gates' bf16 copy before them (kd_cuda_set_side_rows):
-// forked after the input projection, f_proj.1 beside the conv (the KDA prepare waits for it), g_proj.1
-// beside the KDA verify (the gated RMSNorm waits for it), each with its own cuBLAS handle and
-// workspace. 48B step on an H200, the default against all on the step's stream (one run): B = 128
-// s = 0 6.176 / 6.256 ms, B = 32 s = 3 (128 rows) 3.885 / 3.941, B = 128 s = 3 10.654 / 10.942; at
-// 16-32 rows, where the skinny kernel takes the pair, 1.6-3.1 % slower (cuda_bench KD_BENCH_SIDE_SWEEP;
-// tests/bench/results/kimi48b_cuda_h200.md).
-// In forwards of at most 2 rows the second stream, forked after each layer's input projection and
-// joined at the end of the forward (the graphs keep the branch), prefetches that layer's gate|up
-// first rows into the L2 (30 % of it, bulk prefetches from a few SMs; kd_cuda_set_prefetch) while the conv, KDA and
-// norm kernels leave the memory idle. gate|up streams at the memory's rate, so what it finds in
-// the L2 comes off its time; o_proj is bound by latency and gains little from it (measured with
-// ncu), so it is prefetched only after gate|up's share (kd_cuda_set_prefetch_order(0): o_proj
-// first): 1.787 -> 1.744 ms a step of the 48B preset at B = 1 on an H200 (1.804 without any
-// prefetch). With more rows their states' traffic evicts the weights first (no gain measured
-// from B = 32 on), so it is off there.
+// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows, then as two cuBLAS
+// products.
+// Everything runs on one stream by default. Two uses of a second stream are kept as options
+// (benchmarks, tests), off by default because of what they do to the rest of the process: once
+// a forward has run work on a second stream beside the step's kernels, every later step of 3-32
+// rows runs 2.5-4.5 % slower for the rest of the process (48B step on an H200, B = 32 s = 0
+// 3.09 -> 3.21 ms, B = 4 2.17 -> 2.23; tests/bench/results/kimi48b_slow_state_h200.md). Renewing
+// the streams, the events, the cuBLAS / cuBLASLt handles and the graphs does not bring the
+// fast state back, nor does an idle pause; plain stream order (no programmatic launches) shows
+// it too. The options:
+// - kd_cuda_set_side_rows: from that many rows the gates' bf16 copy and f_proj.1 run on the
+//   second stream beside the conv (the KDA prepare waits for them) and g_proj.1 beside the KDA
+//   verify (the gated RMSNorm waits for it), each product with its own cuBLAS handle and
+//   workspace. Measured (one H200, 48B): B = 128 s = 3 10.65-10.97 ms with it against
+//   10.86-10.87 without, B = 128 s = 0 6.18-6.19 against 6.14-6.16: no gain worth its cost.
+// - kd_cuda_set_prefetch: in forwards of at most 2 requests the second stream, forked after each
+//   layer's input projection and joined at the end of the forward, prefetches that layer's
+//   gate|up first rows, then o_proj's weights, into the L2 (30 % of it, bulk prefetches from a
+//   few SMs) while the conv, KDA and norm kernels leave the memory idle. In a process that never
+//   used a second stream against one with the prefetch: B = 1 s = 0 1.710 / 1.647 ms, the one
+//   point it helps (B = 1 s = 3 1.996 / 2.047, B = 2 s = 0 1.960 / 2.014). The same prefetch as a
+//   kernel of the step's own stream holds the next kernel until its prefetches land: 2.355 ms at
+//   B = 1 (tests/bench/results/logs/slow_state_probes_h200.log).
 // Two small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either
 // way): where the skinny kernel's row form takes the input projection (one activation row at
 // the 48B preset), the gates' bf16 copy (f_proj.0 | g_proj.0's columns) into its epilogue
@@ -100,7 +106,7 @@ constexpr size_t kBlasWorkspace = KD_LT_WORKSPACE; // the workspace gemm_lt.cuh'
 constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
 constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
-constexpr int kSideRows = KD_SKINNY_MAX_M + 1; // f_proj.1 / g_proj.1 on the second stream from these rows
+constexpr int kSideRows = 0; // f_proj.1 / g_proj.1 on the second stream from these rows (0: never; above)
 
 struct cu_layer {
     float *attn_norm, *conv, *A_log, *dt_bias, *g1_bias, *o_norm, *mlp_norm;
@@ -201,8 +207,8 @@ struct cu_backend {
 
 cu_backend *SELF(kd_backend *b) { return (cu_backend *)b; }
 
-// The L2 prefetch's bytes a layer by default: 30 % of the L2 (18.9 MB on an H200, measured best
-// with gate|up's rows first: tests/bench/results/kimi48b_cuda_h200.md).
+// The L2 prefetch's bytes a layer when it is on (kd_cuda_set_prefetch(b, -1, ...)): 30 % of the
+// L2 (18.9 MB on an H200, measured best with gate|up's rows first: tests/bench/results/kimi48b_cuda_h200.md).
 int64_t default_prefetch_bytes(const cu_backend *cb) { return cb->l2_bytes * 3 / 10; }
 
 #define CU(call)                                                                                  \
@@ -1278,7 +1284,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     if (!what && (e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->dev)) != cudaSuccess)
         what = "cudaDeviceGetAttribute (L2 size)";
     cb->l2_bytes = l2;
-    cb->pf_bytes = default_prefetch_bytes(cb), cb->pf_rows = 2, cb->pf_mode = 2, cb->pf_gu_first = 1;
+    cb->pf_bytes = 0, cb->pf_rows = 2, cb->pf_mode = 2, cb->pf_gu_first = 1; /* off (above) */
     if (!what && ((e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess ||
                   (e = cudaMalloc(&cb->blas_ws_side, kBlasWorkspace)) != cudaSuccess))
         what = "cudaMalloc (cuBLAS workspace)";

@@ -8,7 +8,7 @@
 // writes OUT_PREFIX.json and OUT_PREFIX.md.
 //   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
-//   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
+//   nothing written; with KD_BENCH_PREFETCH=1 with the L2 prefetch of weights (off by default).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -19,7 +19,8 @@
 //     previous window) at B in {1, 32, 128} rows and s in {0, 3} drafts, CUDA graphs on (and
 //     off, for the launch overhead; and with cuBLAS for every product instead of the skinny
 //     GEMM kernel): step time against the roofline = (every weight byte + the state bytes
-//     read and written) / copy bandwidth.
+//     read and written) / copy bandwidth. The variants that use a second stream run last, after
+//     (3): a process that has used one steps slower at 3-32 rows for good (cuda_backend.cu).
 // (3) The engine end to end on 32 and 128 requests of a repetitive 128-token prompt, 128
 //     new tokens each, greedy: n-gram drafts (s = 3) and no speculation (s = 0): tokens/s
 //     over the whole run and over the decode phase. With random weights the model rarely
@@ -252,7 +253,7 @@ int main(int argc, char **argv) {
     const kd_state_layout &lay = be->layout;
     const int64_t C = 2 * QK + VD;
 
-    const int side_rows_default = 33; /* kd_cuda_set_side_rows: the backend's default */
+    const int side_rows_default = 0; /* kd_cuda_set_side_rows: the backend's default (never) */
     if (getenv("KD_BENCH_SIDE_SWEEP")) { /* where the second stream starts to pay */
         const int pts[][2] = {{4, 0}, {8, 0}, {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0},
                               {2, 3}, {4, 3}, {6, 3}, {8, 3}, {12, 3}, {16, 3}, {24, 3}};
@@ -315,12 +316,13 @@ int main(int argc, char **argv) {
     json += "  \"steps\": [\n";
     std::string md = "| B | s | tokens/step | step (graphs) ms | step (eager) ms | step (graphs, plain stream order) ms | "
                      "step (graphs, cuBLAS for every product) ms | step (graphs, conv folds one launch a layer) ms | "
-                     "step (graphs, no L2 prefetch) ms | step (graphs, f_proj.1 and g_proj.1 one launch each) ms | "
+                     "step (graphs, L2 prefetch, second stream) ms | "
+                     "step (graphs, f_proj.1 and g_proj.1 one launch each) ms | "
                      "step (graphs, no fusion) ms | step (graphs, copy fused) ms | step (graphs, conv fused) ms | "
                      "step (graphs, cublasGemmEx) ms | step (graphs, cuBLASLt's first algorithm) ms | "
                      "step (graphs, one-pass verify in stream order) ms | step (graphs, conv and prepare apart) ms | "
                      "step (graphs, conv + prepare at every row count) ms | "
-                     "step (graphs, f_proj.1 and g_proj.1 on the step's stream) ms | "
+                     "step (graphs, f_proj.1 and g_proj.1 on a second stream from 33 rows) ms | "
                      "step (graphs, f_proj.1 and g_proj.1 on a second stream at every row count) ms | "
                      "bytes/step GB | roofline ms | of roofline |\n"
                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -334,7 +336,8 @@ int main(int argc, char **argv) {
     /* the L2 prefetch sweep: bytes a layer (o_proj's first, then gate|up's) and mode */
     int l2 = 0;
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
-    const int pf_rows_default = 2, pf_mode_default = 2, pf_order_default = 1; /* as the backend's defaults */
+    /* the prefetch as kd_cuda_set_prefetch(be, -1, 2, 2) turns it on (off by default) */
+    const int pf_rows_default = 2, pf_mode_default = 2, pf_order_default = 1;
     struct PfConf {
         double l2_frac; /* of the L2; < 0: o_proj's bytes */
         int mode;
@@ -352,7 +355,7 @@ int main(int argc, char **argv) {
         else snprintf(t, sizeof t, "%.1f MB, mode %d%s", pf_bytes(p) / 1e6, p.mode, p.gu_first ? ", gate|up first" : "");
         return t;
     };
-    std::string pf_md = "| B | s | no prefetch ms |", pf_json;
+    std::string pf_md = "| B | s | no prefetch (the default, first pass) ms |", pf_json;
     for (int i = 0; i < kPfN; i++) { /* "gate|up" escaped for the table */
         std::string n = pf_name(kPf[i]);
         for (size_t at = n.find('|'); at != std::string::npos; at = n.find('|', at + 2)) n.insert(at, "\\");
@@ -366,40 +369,56 @@ int main(int argc, char **argv) {
     int prof_b = -1, prof_s = -1;
     if (const char *pe = getenv("KD_BENCH_PROFILE"))
         if (sscanf(pe, "%d,%d", &prof_b, &prof_s) != 2) return printf("KD_BENCH_PROFILE=B,s\n"), 2;
-    for (int Bn : {1, 32, 128})
-        for (int s : {0, 3}) {
+    /* The six points, measured in two passes: first every variant that keeps the step on one
+     * stream, at every point, then the end-to-end runs (3), then the variants that put work on
+     * a second stream (the L2 prefetch, f_proj.1 / g_proj.1 beside the conv and KDA kernels):
+     * once a process has run those, its later steps of 3-32 rows run slower for good
+     * (kernels/cuda/cuda_backend.cu), so what they are compared with is measured before. */
+    static const size_t kPoints = 6;
+    static const int kPts[kPoints][2] = {{1, 0}, {1, 3}, {32, 0}, {32, 3}, {128, 0}, {128, 3}};
+    struct PointRes {
+        /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
+         * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
+         * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
+         * layer (kd_cuda_set_fold_layers(0)), ms[5]: graphs with the L2 prefetch of weights (second
+         * stream, steps of at most 2 requests), ms[6]: graphs with f_proj.1 and g_proj.1 one launch
+         * each, ms[7]: graphs with the gates' copy, the conv and f_proj.1 + g_proj.1 in their own
+         * kernels (kd_cuda_set_fuse(0)), ms[8] / ms[9]: only the copy / only the conv fused,
+         * ms[10] / ms[11]: the products cuBLAS takes through cublasGemmEx / cuBLASLt's first
+         * algorithm instead of gemm_lt.cuh's table (kd_cuda_set_lt), ms[12]: the one-pass KDA
+         * verify in plain stream order (kd_kda_onepass_pdl(0)), ms[13]: the conv and the KDA
+         * prepare in their own kernels (all fusions but KD_CUDA_FUSE_CONV_PREP), ms[14]: the conv +
+         * prepare kernel at every row count (kd_cuda_set_conv_prep), ms[15] / ms[16]: f_proj.1 and
+         * g_proj.1 on the second stream from 33 rows / at every row count (kd_cuda_set_side_rows) */
+        double ms[17];
+        /* graphs with each kind of kernel left out in turn (kd_cuda_set_skip: wrong results,
+         * timing only): abl[i] with bit i; only[0] with the weight products alone, only[1] with
+         * everything else alone; graphs with the L2 prefetch in every step, pf[i] with kPf[i] */
+        double abl[kAblate], only[2], pf[kPfN];
+    };
+    std::vector<PointRes> R(kPoints);
+    memset(R.data(), 0, sizeof(PointRes) * kPoints);
+    /* v: 0 graphs, 1 eager, 2-16 the ms[] columns, then the left-out runs, then the sweep */
+    const int v_abl = 17, v_only = v_abl + kAblate, v_pf = v_only + 2, n_v = v_pf + kPfN;
+    auto second_stream = [&](int v) { return v == 5 || v == 15 || v == 16 || v >= v_pf; };
+    /* pass 0 or 1; -1 on a failed step, 1 when the profiled step has run */
+    auto run_pass = [&](int pass) -> int {
+        for (size_t p = 0; p < kPoints; p++) {
+            const int Bn = kPts[p][0], s = kPts[p][1], T = 1 + s;
             if (prof_b >= 0 && (Bn != prof_b || s != prof_s)) continue;
-            const int T = 1 + s;
-            /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
-             * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
-             * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
-             * layer (kd_cuda_set_fold_layers(0)), ms[5]: graphs without the L2 prefetch of weights,
-             * ms[6]: graphs with f_proj.1 and g_proj.1 one launch each, ms[7]: graphs with the gates'
-             * copy, the conv and f_proj.1 + g_proj.1 in their own kernels (kd_cuda_set_fuse(0)), ms[8] / ms[9]:
-             * only the copy / only the conv fused, ms[10] / ms[11]: the products cuBLAS takes through
-             * cublasGemmEx / cuBLASLt's first algorithm instead of gemm_lt.cuh's table (kd_cuda_set_lt),
-             * ms[12]: the one-pass KDA verify in plain stream order (kd_kda_onepass_pdl(0)), ms[13]: the
-             * conv and the KDA prepare in their own kernels (all fusions but KD_CUDA_FUSE_CONV_PREP),
-             * ms[14]: the conv + prepare kernel at every row count (kd_cuda_set_conv_prep), ms[15] / ms[16]:
-             * f_proj.1 and g_proj.1 never / at every row count on the second stream (kd_cuda_set_side_rows) */
-            double ms[17] = {0};
-            /* then graphs with each kind of kernel left out in turn (kd_cuda_set_skip: wrong results,
-             * timing only): abl[i] with bit i; only[0] with the weight products alone, only[1] with
-             * everything else alone; then graphs with the L2 prefetch in every step, pf[i] with kPf[i] */
-            double abl[kAblate] = {0}, only[2] = {0, 0}, pf[kPfN] = {0};
-            /* v: 0 graphs, 1 eager, 2-6 the ms[] columns, then the left-out runs, then the sweep */
-            const int v_abl = 17, v_only = v_abl + kAblate, v_pf = v_only + 2, n_v = v_pf + kPfN;
+            PointRes &r = R[p];
             for (int v = 0; v < (prof_b >= 0 ? 1 : n_v); v++) {
+                if (second_stream(v) != (pass == 1)) continue;
                 const int graphs = v != 1;
                 kd_cuda_set_pdl(be, v != 2);
                 kd_cuda_set_skinny(be, v != 3);
                 kd_cuda_set_fold_layers(be, v != 4);
-                if (v == 5) kd_cuda_set_prefetch(be, 0, 0, 1);
+                if (v == 5) kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
                 else if (v >= v_pf) kd_cuda_set_prefetch(be, pf_bytes(kPf[v - v_pf]), 1 << 20, kPf[v - v_pf].mode);
-                else kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+                else kd_cuda_set_prefetch(be, 0, 0, 1);
                 kd_cuda_set_prefetch_order(be, v >= v_pf ? kPf[v - v_pf].gu_first : pf_order_default);
-                if (prof_b >= 0 && getenv("KD_BENCH_PREFETCH") && !strcmp(getenv("KD_BENCH_PREFETCH"), "0"))
-                    kd_cuda_set_prefetch(be, 0, 0, 1); /* profiling the step without the L2 prefetch */
+                if (prof_b >= 0 && getenv("KD_BENCH_PREFETCH") && !strcmp(getenv("KD_BENCH_PREFETCH"), "1"))
+                    kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default); /* profiling with it */
                 kd_cuda_set_pair(be, v != 6);
                 kd_cuda_set_fuse(be, v == 7   ? 0
                                      : v == 8 ? KD_CUDA_FUSE_COPY
@@ -408,7 +427,7 @@ int main(int argc, char **argv) {
                                                : KD_CUDA_FUSE_DEFAULT);
                 kd_kda_onepass_pdl(v != 12);
                 kd_cuda_set_conv_prep(be, v == 14);
-                kd_cuda_set_side_rows(be, v == 15 ? 0 : v == 16 ? 1 : side_rows_default);
+                kd_cuda_set_side_rows(be, v == 15 ? 33 : v == 16 ? 1 : side_rows_default);
                 kd_cuda_set_lt(be, v == 10 ? 0 : v == 11 ? 1 : 2);
                 kd_cuda_set_skip(be, v >= v_abl && v < v_only ? 1u << (v - v_abl)
                                      : v == v_only        ? kOthers
@@ -416,17 +435,17 @@ int main(int argc, char **argv) {
                                                           : 0u);
                 kd_cuda_set_graphs(be, graphs);
                 const double t = time_steps(be, Bn, T, VOC, 3, prof_b >= 0 ? 2 : graphs ? 30 : 10, rec, prof_b >= 0);
-                if (t < 0) return 1;
-                if (v >= v_pf) pf[v - v_pf] = t;
-                else if (v >= v_only) only[v - v_only] = t;
-                else if (v >= v_abl) abl[v - v_abl] = t;
-                else ms[v == 0 ? 1 : v == 1 ? 0 : v] = t;
+                if (t < 0) return -1;
+                if (v >= v_pf) r.pf[v - v_pf] = t;
+                else if (v >= v_only) r.only[v - v_only] = t;
+                else if (v >= v_abl) r.abl[v - v_abl] = t;
+                else r.ms[v == 0 ? 1 : v == 1 ? 0 : v] = t;
             }
             kd_cuda_set_pdl(be, 1);
             kd_cuda_set_skinny(be, 1);
             kd_cuda_set_fold_layers(be, 1);
             kd_cuda_set_skip(be, 0);
-            kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+            kd_cuda_set_prefetch(be, 0, 0, 1);
             kd_cuda_set_prefetch_order(be, pf_order_default);
             kd_cuda_set_pair(be, 1);
             kd_cuda_set_fuse(be, KD_CUDA_FUSE_DEFAULT);
@@ -434,100 +453,31 @@ int main(int argc, char **argv) {
             kd_kda_onepass_pdl(1);
             kd_cuda_set_conv_prep(be, 0);
             kd_cuda_set_side_rows(be, side_rows_default);
+            kd_cuda_set_graphs(be, 1);
             if (prof_b >= 0) {
                 cudaDeviceSynchronize();
                 cudaProfilerStop();
-                printf("profiled B=%d s=%d: 2 steps, %.3f ms each (with the profiler)\n", Bn, s, ms[1]);
-                return 0;
+                printf("profiled B=%d s=%d: 2 steps, %.3f ms each (with the profiler)\n", Bn, s, r.ms[1]);
+                return 1;
             }
-            kd_cuda_set_graphs(be, 1);
-            // bytes: every weight, the embedding rows, per row and layer the checkpoint and conv
-            // window read and written once (the fold), the window's records written (and read by
-            // the next fold), conv inputs likewise
-            const double per_row_layer = 2.0 * 4 * (lay.ssm_elems + lay.conv_elems) +
-                                         2.0 * 4 * T * (HV * V + HV * 2 * K + C);
-            const double bytes = weight_bytes + 2.0 * Bn * T * D + (double)Bn * L * per_row_layer;
-            const double roof = bytes / copy_bw * 1e3;
-            const double frac = roof / ms[1];
-            printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
-                   "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
-                   "(graphs, no L2 prefetch), %.3f ms (graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms "
-                   "(graphs, "
-                   "no fusion), %.3f / %.3f ms (graphs, only the copy / the conv fused), %.3f / %.3f ms (graphs, "
-                   "cublasGemmEx / cuBLASLt's first algorithm), %.3f ms (graphs, one-pass verify in stream order), "
-                   "%.3f ms (graphs, conv and prepare apart), %.3f ms (graphs, conv + prepare at every row count), "
-                   "%.3f / %.3f ms (graphs, f/g on the step's stream / on a second stream at every row count); "
-                   "%.2f GB/step; roofline %.3f ms: %.1f %%\n",
-                   Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10], ms[11],
-                   ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
-            snprintf(buf, sizeof buf,
-                     "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
-                     "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, "
-                     "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_no_prefetch\": %.4f, "
-                     "\"step_ms_graphs_fg_unpaired\": %.4f, \"step_ms_graphs_no_fusion\": %.4f, "
-                     "\"step_ms_graphs_copy_fused\": %.4f, \"step_ms_graphs_conv_fused\": %.4f, "
-                     "\"step_ms_graphs_gemmex\": %.4f, \"step_ms_graphs_lt_first\": %.4f, "
-                     "\"step_ms_graphs_onepass_stream_order\": %.4f, \"step_ms_graphs_conv_prepare_apart\": %.4f, "
-                     "\"step_ms_graphs_conv_prepare_always\": %.4f, \"step_ms_graphs_fg_one_stream\": %.4f, "
-                     "\"step_ms_graphs_fg_side_always\": %.4f, \"step_ms_products_only\": %.4f, "
-                     "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
-                     first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8],
-                     ms[9], ms[10], ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], only[0], only[1], roof, frac);
-            json += buf;
-            first = false;
-            snprintf(buf, sizeof buf,
-                     "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
-                     "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f %% |\n",
-                     Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10],
-                     ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
-            md += buf;
-            /* the L2 prefetch in every step, by bytes a layer and mode */
-            snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[5]);
-            pf_md += buf;
-            printf("B=%3d s=%d L2 prefetch in every step (ms):", Bn, s);
-            for (int i = 0; i < kPfN; i++) {
-                snprintf(buf, sizeof buf, " %.3f |", pf[i]);
-                pf_md += buf;
-                printf(" %s %.3f%s", pf_name(kPf[i]).c_str(), pf[i], i + 1 < kPfN ? "," : "\n");
-                snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"prefetch\": \"%s\", \"bytes\": %lld, "
-                         "\"mode\": %d, \"gate_up_first\": %d, \"step_ms\": %.4f}", pf_json.empty() ? "" : ",\n    ",
-                         Bn, s, pf_name(kPf[i]).c_str(), (long long)pf_bytes(kPf[i]), kPf[i].mode, kPf[i].gu_first,
-                         pf[i]);
-                pf_json += buf;
-            }
-            pf_md += "\n";
-            /* what each kind of kernel costs a step on its critical path: the step's time less the time
-             * with it left out */
-            snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[1]);
-            abl_md += buf;
-            for (int i = 0; i < kAblate; i++) {
-                snprintf(buf, sizeof buf, " %.3f |", ms[1] - abl[i]);
-                abl_md += buf;
-                snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"left_out\": \"%s\", \"step_ms\": %.4f}",
-                         abl_json.empty() ? "" : ",\n    ", Bn, s, kAblateName[i], abl[i]);
-                abl_json += buf;
-            }
-            snprintf(buf, sizeof buf, " %.3f | %.3f |\n", only[0], only[1]);
-            abl_md += buf;
-            printf("B=%3d s=%d: the weight products alone %.3f ms, everything else alone %.3f ms\n", Bn, s, only[0],
-                   only[1]);
-            printf("B=%3d s=%d left out (ms a step less):", Bn, s);
-            for (int i = 0; i < kAblate; i++)
-                printf(" %s %.3f%s", kAblateName[i], ms[1] - abl[i], i + 1 < kAblate ? "," : "\n");
         }
-    json += "\n  ],\n  \"left_out\": [\n    " + abl_json + "\n  ],\n  \"l2_prefetch\": [\n    " + pf_json +
-            "\n  ],\n  \"end_to_end\": [\n";
+        return 0;
+    };
+    int rc = run_pass(0);
+    if (rc) return rc < 0 ? 1 : 0;
+
     // free the slots for the engine: commit what the step runs left recorded
     for (int r = 0; r < 128; r++)
         if (kd_backend_reset_slot(be, r, &err)) return printf("reset: %s\n", err.msg), 1;
 
-    // (3) end to end
+    // (3) end to end (before any step that uses a second stream)
+    std::string e2e_json;
     std::string md2 = "| requests | drafts | prompt | new tokens | total s | tokens/s (all) | decode s | tokens/s (decode) | "
                       "steps | accepted/drafted |\n|---|---|---|---|---|---|---|---|---|---|\n";
     const int PROMPT = 128, GEN = 128;
     std::vector<int32_t> prompt(PROMPT), pat(16);
     for (auto &x : pat) x = (int32_t)(rnd() % (uint64_t)VOC);
-    first = true;
+    bool e2e_first = true;
     uint64_t id = 1;
     std::vector<std::vector<int32_t>> cont(128);
     for (int nreq : {32, 128})
@@ -569,15 +519,103 @@ int main(int argc, char **argv) {
                      "%s    {\"requests\": %d, \"spec\": %d, \"drafter\": \"%s\", \"prompt\": %d, \"new_tokens\": %lld, "
                      "\"seconds\": %.3f, \"tokens_per_s\": %.1f, \"decode_seconds\": %.3f, \"decode_tokens_per_s\": %.1f, "
                      "\"steps\": %lld, \"drafted\": %lld, \"accepted\": %lld}",
-                     first ? "" : ",\n", nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", PROMPT, (long long)gen, tend - ts, gen / (tend - ts),
+                     e2e_first ? "" : ",\n", nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", PROMPT,
+                     (long long)gen, tend - ts, gen / (tend - ts),
                      dec_s, dec_tok / dec_s, (long long)steps, (long long)dr, (long long)ac);
-            json += buf;
-            first = false;
+            e2e_json += buf;
+            e2e_first = false;
             snprintf(buf, sizeof buf, "| %d | %s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %lld/%lld |\n", nreq,
                      mode == 0 ? "none" : mode == 1 ? "n-gram, s = 3" : "oracle, s = 3", PROMPT, (long long)gen, tend - ts, gen / (tend - ts), dec_s,
                      dec_tok / dec_s, (long long)steps, (long long)ac, (long long)dr);
             md2 += buf;
         }
+
+    // the second-stream variants of the decode steps (2), last
+    for (int r = 0; r < 128; r++)
+        if (kd_backend_reset_slot(be, r, &err)) return printf("reset: %s\n", err.msg), 1;
+    std::fill(rec.begin(), rec.end(), 0);
+    if (run_pass(1)) return 1;
+
+    for (size_t p = 0; p < kPoints; p++) {
+        const int Bn = kPts[p][0], s = kPts[p][1], T = 1 + s;
+        const double *ms = R[p].ms, *abl = R[p].abl, *only = R[p].only, *pf = R[p].pf;
+        // bytes: every weight, the embedding rows, per row and layer the checkpoint and conv
+        // window read and written once (the fold), the window's records written (and read by
+        // the next fold), conv inputs likewise
+        const double per_row_layer = 2.0 * 4 * (lay.ssm_elems + lay.conv_elems) +
+                                     2.0 * 4 * T * (HV * V + HV * 2 * K + C);
+        const double bytes = weight_bytes + 2.0 * Bn * T * D + (double)Bn * L * per_row_layer;
+        const double roof = bytes / copy_bw * 1e3;
+        const double frac = roof / ms[1];
+        printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
+               "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
+               "(graphs, L2 prefetch on a second stream), %.3f ms "
+               "(graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms "
+               "(graphs, "
+               "no fusion), %.3f / %.3f ms (graphs, only the copy / the conv fused), %.3f / %.3f ms (graphs, "
+               "cublasGemmEx / cuBLASLt's first algorithm), %.3f ms (graphs, one-pass verify in stream order), "
+               "%.3f ms (graphs, conv and prepare apart), %.3f ms (graphs, conv + prepare at every row count), "
+               "%.3f / %.3f ms (graphs, f/g on a second stream from 33 rows / at every row count); "
+               "%.2f GB/step; roofline %.3f ms: %.1f %%\n",
+               Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10], ms[11],
+               ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
+        snprintf(buf, sizeof buf,
+                 "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
+                 "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, "
+                 "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_prefetch_second_stream\": %.4f, "
+                 "\"step_ms_graphs_fg_unpaired\": %.4f, \"step_ms_graphs_no_fusion\": %.4f, "
+                 "\"step_ms_graphs_copy_fused\": %.4f, \"step_ms_graphs_conv_fused\": %.4f, "
+                 "\"step_ms_graphs_gemmex\": %.4f, \"step_ms_graphs_lt_first\": %.4f, "
+                 "\"step_ms_graphs_onepass_stream_order\": %.4f, \"step_ms_graphs_conv_prepare_apart\": %.4f, "
+                 "\"step_ms_graphs_conv_prepare_always\": %.4f, \"step_ms_graphs_fg_side_from_33\": %.4f, "
+                 "\"step_ms_graphs_fg_side_always\": %.4f, \"step_ms_products_only\": %.4f, "
+                 "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
+                 first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8],
+                 ms[9], ms[10], ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], only[0], only[1], roof, frac);
+        json += buf;
+        first = false;
+        snprintf(buf, sizeof buf,
+                 "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
+                 "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f %% |\n",
+                 Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10],
+                 ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
+        md += buf;
+        /* the L2 prefetch in every step, by bytes a layer and mode */
+        snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[1]);
+        pf_md += buf;
+        printf("B=%3d s=%d L2 prefetch in every step (ms):", Bn, s);
+        for (int i = 0; i < kPfN; i++) {
+            snprintf(buf, sizeof buf, " %.3f |", pf[i]);
+            pf_md += buf;
+            printf(" %s %.3f%s", pf_name(kPf[i]).c_str(), pf[i], i + 1 < kPfN ? "," : "\n");
+            snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"prefetch\": \"%s\", \"bytes\": %lld, "
+                     "\"mode\": %d, \"gate_up_first\": %d, \"step_ms\": %.4f}", pf_json.empty() ? "" : ",\n    ",
+                     Bn, s, pf_name(kPf[i]).c_str(), (long long)pf_bytes(kPf[i]), kPf[i].mode, kPf[i].gu_first,
+                     pf[i]);
+            pf_json += buf;
+        }
+        pf_md += "\n";
+        /* what each kind of kernel costs a step on its critical path: the step's time less the time
+         * with it left out */
+        snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[1]);
+        abl_md += buf;
+        for (int i = 0; i < kAblate; i++) {
+            snprintf(buf, sizeof buf, " %.3f |", ms[1] - abl[i]);
+            abl_md += buf;
+            snprintf(buf, sizeof buf, "%s{\"B\": %d, \"s\": %d, \"left_out\": \"%s\", \"step_ms\": %.4f}",
+                     abl_json.empty() ? "" : ",\n    ", Bn, s, kAblateName[i], abl[i]);
+            abl_json += buf;
+        }
+        snprintf(buf, sizeof buf, " %.3f | %.3f |\n", only[0], only[1]);
+        abl_md += buf;
+        printf("B=%3d s=%d: the weight products alone %.3f ms, everything else alone %.3f ms\n", Bn, s, only[0],
+               only[1]);
+        printf("B=%3d s=%d left out (ms a step less):", Bn, s);
+        for (int i = 0; i < kAblate; i++)
+            printf(" %s %.3f%s", kAblateName[i], ms[1] - abl[i], i + 1 < kAblate ? "," : "\n");
+    }
+    json += "\n  ],\n  \"left_out\": [\n    " + abl_json + "\n  ],\n  \"l2_prefetch\": [\n    " + pf_json +
+            "\n  ],\n  \"end_to_end\": [\n" + e2e_json;
     int64_t cap = 0, rep = 0;
     kd_cuda_graph_stats(be, &cap, &rep);
     snprintf(buf, sizeof buf, "\n  ],\n  \"graphs_captured\": %lld,\n  \"graph_replays\": %lld\n}\n", (long long)cap,
@@ -602,8 +640,9 @@ int main(int argc, char **argv) {
                    "each step folds the whole previous window. The products where the backend's skinny GEMM kernel "
                    "beats cuBLAS (gemv.cuh, kd_cu_skinny_pick) go to it; the cuBLAS column runs every product through "
                    "cuBLAS, the conv folds column folds the verify windows' conv windows one launch a layer "
-                   "instead of all layers in one (kd_cuda_set_fold_layers), the next runs without the L2 "
-                   "prefetch of weights (kd_cuda_set_prefetch), the next with f_proj.1 and g_proj.1 in a launch "
+                   "instead of all layers in one (kd_cuda_set_fold_layers), the next runs with the L2 "
+                   "prefetch of weights on a second stream in steps of at most %d requests (kd_cuda_set_prefetch; "
+                   "off by default), the next with f_proj.1 and g_proj.1 in a launch "
                    "each (kd_cuda_set_pair(0)), the next with the gates' bf16 copy, the conv and the KDA prepare in "
                    "their own kernels instead of the input projection's epilogue, f_proj.1 + g_proj.1's launch and "
                    "the conv + prepare kernel (kd_cuda_set_fuse(0)), the next two with only the copy / only the conv "
@@ -615,10 +654,13 @@ int main(int argc, char **argv) {
                    "prepare in their own kernels instead of one (every fusion but KD_CUDA_FUSE_CONV_PREP; the default "
                    "takes the one kernel by row count, kernels/cuda/cuda_backend.cu conv_prep_rows), the next with the "
                    "one kernel at every row count (kd_cuda_set_conv_prep), the last two with f_proj.1 and g_proj.1 "
-                   "never / at every row count on a second stream beside the conv and the KDA kernels (the default: "
-                   "from %d rows; kd_cuda_set_side_rows), in the same run.\n\n%s\n",
-                side_rows_default,
-                md.c_str());
+                   "on a second stream beside the conv and the KDA kernels from 33 rows / at every row count "
+                   "(kd_cuda_set_side_rows; never by default), in the same run. The columns that use a second "
+                   "stream (the prefetch, the last two and the prefetch table below) are measured last, after every "
+                   "other column at every point and after the end-to-end runs: a process that has run work on a "
+                   "second stream runs its later steps of 3-32 rows slower for good "
+                   "(kernels/cuda/cuda_backend.cu, results/kimi48b_slow_state_h200.md).\n\n%s\n",
+                pf_rows_default, md.c_str());
         fprintf(f, "### Where a step's time goes\n\nEach kind of kernel left out of every layer in turn "
                    "(kd_cuda_set_skip: the results are wrong, the timing is what that kernel costs the step on its "
                    "critical path; with the conv or the KDA prepare left out, the other runs in its own kernel): the "
@@ -629,10 +671,12 @@ int main(int argc, char **argv) {
         fprintf(f, "### The L2 prefetch of weights\n\nSteps (graphs) with each layer's o_proj weights, then "
                    "gate|up's first rows (or the other way round), prefetched into the L2 (%d MB) on a second "
                    "stream after the input "
-                   "projection, in every step whatever its rows (by default only in steps of at most %d rows), by "
+                   "projection, in every step whatever its rows (the option alone: in steps of at most %d "
+                   "requests), by "
                    "bytes a layer and mode (kd_cu_l2_prefetch: 1 a prefetch a 128-byte line, 2 bulk prefetches of "
                    "16 KiB, 3 loads with the L2's 256-byte fetch); \"gate|up first\": gate|up's first rows before "
-                   "o_proj's weights (kd_cuda_set_prefetch_order), ms.\n\n%s\n",
+                   "o_proj's weights (kd_cuda_set_prefetch_order), ms; measured after the other columns "
+                   "(above).\n\n%s\n",
                 l2 >> 20, pf_rows_default, pf_md.c_str());
         fprintf(f, "## End to end (engine, %d-token repetitive prompt, %d new tokens per request, greedy)\n\n%s\n"
                    "\"decode\" starts once every request has its first token (prefill done). Random weights: the n-gram "

@@ -270,8 +270,8 @@ int kd_cuda_set_fuse(kd_backend *b, int mask);
  * the two kernels apart. The same bits either way; drops the captured graphs. Benchmarks and
  * tests. */
 int kd_cuda_set_conv_prep(kd_backend *b, int always);
-/* In forwards of at least `rows` activation rows (0: never; the default 33, past the rows the
- * skinny kernel takes f_proj.1 + g_proj.1 in one launch), the gates' bf16 copy and f_proj.1 run on
+/* In forwards of at least `rows` activation rows (0: never, the default; kernels/cuda/cuda_backend.cu
+ * says why), the gates' bf16 copy and f_proj.1 run on
  * a second stream beside the conv and g_proj.1 beside the KDA kernels (forked after the input
  * projection; f_proj.1 joined before the KDA prepare, g_proj.1 before the gated RMSNorm), each
  * its own launch; else all on the step's stream (one launch where the skinny kernel takes them).
@@ -295,8 +295,9 @@ enum {
     KD_CUDA_SKIP_HEAD = 1024      /* the head's product (sampling still runs) */
 };
 int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
-/* The L2 prefetch of weights (on by default): in forwards of at most max_rows rows (default
- * 2; more rows' state traffic would evict the weights before they are read), each layer's
+/* The L2 prefetch of weights (off by default: kernels/cuda/cuda_backend.cu says why): in
+ * forwards of at most max_rows rows (2 in benchmarks; more rows' state traffic would evict the
+ * weights before they are read), each layer's
  * gate|up first rows and o_proj's weights (kd_cuda_set_prefetch_order), at most `bytes` a
  * layer (< 0: the default, 30 % of the device's L2; 0: off), are prefetched into the L2 on a
  * second stream while the layer's latency-bound kernels (conv, KDA, norms) leave the memory
