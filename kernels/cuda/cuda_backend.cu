@@ -42,6 +42,14 @@
 // f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
 // (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows, then as two cuBLAS
 // products.
+// In forwards of at most 2 requests, 16 more blocks of each layer's gated RMSNorm launch
+// prefetch gate|up's first rows into the L2 (20 % of it, 12.5 MB on an H200; bulk prefetches,
+// kd_cuda_set_prefetch mode 4): the gated norm is the KDA verify's programmatic dependent, so
+// these blocks, which neither wait nor read what the step writes, start with the verify and
+// fill the L2 while the verify and the norm leave the memory idle; the norm's grid ends when
+// they have landed. 48B step on an H200, alternated rounds in one process: B = 1 s = 0 1.704 ->
+// 1.654 ms, s = 3 2.003 -> 1.989, B = 2 s = 0 1.951 -> 1.944 (8 blocks or 18.8 MB: slower; logs/
+// gnpf_h200.log).
 // Everything runs on one stream by default. Two uses of a second stream are kept as options
 // (benchmarks, tests), off by default because of what they do to the rest of the process: once
 // a forward has run work on a second stream beside the step's kernels, every later step of 3-32
@@ -55,13 +63,14 @@
 //   verify (the gated RMSNorm waits for it), each product with its own cuBLAS handle and
 //   workspace. Measured (one H200, 48B): B = 128 s = 3 10.65-10.97 ms with it against
 //   10.86-10.87 without, B = 128 s = 0 6.18-6.19 against 6.14-6.16: no gain worth its cost.
-// - kd_cuda_set_prefetch: in forwards of at most 2 requests the second stream, forked after each
+// - kd_cuda_set_prefetch modes 1-3: in forwards of at most 2 requests the second stream, forked after each
 //   layer's input projection and joined at the end of the forward, prefetches that layer's
 //   gate|up first rows, then o_proj's weights, into the L2 (30 % of it, bulk prefetches from a
 //   few SMs) while the conv, KDA and norm kernels leave the memory idle. In a process that never
 //   used a second stream against one with the prefetch: B = 1 s = 0 1.710 / 1.647 ms, the one
-//   point it helps (B = 1 s = 3 1.996 / 2.047, B = 2 s = 0 1.960 / 2.014). The same prefetch as a
-//   kernel of the step's own stream holds the next kernel until its prefetches land: 2.355 ms at
+//   point it helps (B = 1 s = 3 1.996 / 2.047, B = 2 s = 0 1.960 / 2.014); mode 4 (above) gains as
+//   much on one stream (1.654 against 1.644 ms in the same process). The same prefetch as a kernel
+//   of its own in the step's stream holds the next kernel until its prefetches land: 2.355 ms at
 //   B = 1 (tests/bench/results/logs/slow_state_probes_h200.log).
 // Two small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either
 // way): where the skinny kernel's row form takes the input projection (one activation row at
@@ -199,7 +208,7 @@ struct cu_backend {
     cudaEvent_t ev_f, ev_g;
     int side_open; // launch: work on the second stream that the step's stream has not joined yet
     int64_t pf_bytes, l2_bytes;
-    int pf_rows, pf_mode;
+    int pf_rows, pf_mode, pf_blocks; // pf_blocks: mode 4's prefetching blocks
     int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
@@ -209,7 +218,10 @@ cu_backend *SELF(kd_backend *b) { return (cu_backend *)b; }
 
 // The L2 prefetch's bytes a layer when it is on (kd_cuda_set_prefetch(b, -1, ...)): 30 % of the
 // L2 (18.9 MB on an H200, measured best with gate|up's rows first: tests/bench/results/kimi48b_cuda_h200.md).
-int64_t default_prefetch_bytes(const cu_backend *cb) { return cb->l2_bytes * 3 / 10; }
+// Mode 4 (the default): 20 % (measured best of 10 / 20 / 30 % at B = 1, logs/gnpf_h200.log).
+int64_t default_prefetch_bytes(const cu_backend *cb, int mode) {
+    return (mode == 4 ? cb->l2_bytes / 5 : cb->l2_bytes * 3 / 10) & ~(int64_t)15;
+}
 
 #define CU(call)                                                                                  \
     do {                                                                                          \
@@ -918,9 +930,9 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (!(sk & KD_CUDA_SKIP_IN_PROJ) && gemm(cb, N, P, D, cb->h, D, Ly->w_in, D, 0.f, cb->proj, P,
                                                  "input projection", err, copy_fused ? &cep : nullptr))
             return -1;
-        if (prefetch) { /* o_proj's weights and gate|up's first rows (in pf_gu_first's order) into the
-                         * L2 while the layer's small kernels leave the memory idle (a hint: no result
-                         * depends on it) */
+        if (prefetch && cb->pf_mode != 4) { /* modes 1-3: o_proj's weights and gate|up's first rows (in
+                         * pf_gu_first's order) into the L2 while the layer's small kernels leave the
+                         * memory idle (a hint: no result depends on it) */
             const int64_t ob = D * VD * (int64_t)cb->wsz, gb = 2 * FF * D * (int64_t)cb->wsz;
             const void *w1 = cb->pf_gu_first ? Ly->w_gu : Ly->w_o, *w2 = cb->pf_gu_first ? Ly->w_o : Ly->w_gu;
             const int64_t b1 = cb->pf_gu_first ? gb : ob, b2 = cb->pf_gu_first ? ob : gb;
@@ -1013,9 +1025,14 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
             cb->side_open = 0; /* all its work so far */
         }
-        if (!(sk & KD_CUDA_SKIP_GATED_NORM))
+        if (!(sk & KD_CUDA_SKIP_GATED_NORM)) {
+            /* mode 4: gate|up's first rows from blocks of the gated RMSNorm's launch (one stream) */
+            const int64_t gb = 2 * FF * D * (int64_t)cb->wsz;
+            const int64_t pb =
+                prefetch && cb->pf_mode == 4 ? (gb < cb->pf_bytes ? gb : cb->pf_bytes) & ~(int64_t)15 : 0;
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
-                                    c->norm_eps, s));
+                                    c->norm_eps, s, Ly->w_gu, pb, cb->pf_blocks));
+        }
         if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
             return -1;
         // MLP block
@@ -1055,7 +1072,7 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         CU(cudaMemcpyAsync(cb->sout_h, cb->sout, (size_t)sh.n_rows * (b->max_window + 2) * 4, cudaMemcpyDeviceToHost,
                            s));
     }
-    if (prefetch) { /* the side stream joins the step's stream (a capture ends with both joined) */
+    if (prefetch && cb->pf_mode != 4) { /* the side stream joins the step's stream (a capture ends with both joined) */
         CU(cudaEventRecord(cb->ev_join, cb->side));
         CU(cudaStreamWaitEvent(s, cb->ev_join, 0));
         cb->side_open = 0;
@@ -1284,7 +1301,8 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     if (!what && (e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->dev)) != cudaSuccess)
         what = "cudaDeviceGetAttribute (L2 size)";
     cb->l2_bytes = l2;
-    cb->pf_bytes = 0, cb->pf_rows = 2, cb->pf_mode = 2, cb->pf_gu_first = 1; /* off (above) */
+    cb->pf_rows = 2, cb->pf_mode = 4, cb->pf_gu_first = 1, cb->pf_blocks = 16; /* above */
+    cb->pf_bytes = default_prefetch_bytes(cb, cb->pf_mode);
     if (!what && ((e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess ||
                   (e = cudaMalloc(&cb->blas_ws_side, kBlasWorkspace)) != cudaSuccess))
         what = "cudaMalloc (cuBLAS workspace)";
@@ -1397,10 +1415,18 @@ extern "C" int kd_cuda_set_skip(kd_backend *b, unsigned kernels) {
 }
 
 extern "C" int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode) {
-    if (mode < 1 || mode > 3) return -1;
+    if (mode < 1 || mode > 4) return -1;
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
-    cb->pf_bytes = bytes < 0 ? default_prefetch_bytes(cb) : bytes, cb->pf_rows = max_rows, cb->pf_mode = mode;
+    cb->pf_bytes = bytes < 0 ? default_prefetch_bytes(cb, mode) : bytes, cb->pf_rows = max_rows, cb->pf_mode = mode;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_prefetch_blocks(kd_backend *b, int blocks) {
+    if (blocks < 1 || blocks > 1024) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->pf_blocks = blocks;
     return 0;
 }
 

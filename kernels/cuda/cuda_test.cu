@@ -854,7 +854,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // channels' conv alone) on the first, every kernel its own on the second; variant 10: the same
 // with the v channels' conv in f_proj.1 + g_proj.1's launch on the first, the whole conv there on
 // the second. Variant 11: f_proj.1 and g_proj.1 on the second stream in every forward
-// (kd_cuda_set_side_rows 1) on the first, never on the second.
+// (kd_cuda_set_side_rows 1) on the first, never on the second. Variant 12: as 2-4 with mode 4 (the
+// prefetch from 3 more blocks of the gated RMSNorm's launch, kd_cuda_set_prefetch_blocks).
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -872,9 +873,10 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
              kd_cuda_set_graphs(be[i], folds || i == 0) == 0 &&
              kd_cuda_set_fold_layers(be[i], variant != 1 || i == 0) == 0 &&
-             (variant < 2 || variant == 5 || variant >= 7 ||
-              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0, variant >= 6 ? 2 : variant - 1) ==
-                  0) &&
+             (variant < 2 || variant == 5 || (variant >= 7 && variant != 12) ||
+              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0,
+                                   variant == 12 ? 4 : variant >= 6 ? 2 : variant - 1) == 0) &&
+             (variant != 12 || kd_cuda_set_prefetch_blocks(be[i], 3) == 0) &&
              kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
              (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0) &&
              (variant < 7 || variant > 10 || kd_cuda_set_fuse(be[i], fuse_masks[variant - 7][i]) == 0) &&
@@ -884,6 +886,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
     else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
+    else if (variant == 12) snprintf(tag, sizeof tag, "L2 prefetch mode 4 (gated norm's blocks)");
     else snprintf(tag, sizeof tag, "%s", variant == 0   ? "graphs"
                                             : variant == 1 ? "conv folds"
                                             : variant == 7 ? "copy epilogue"
@@ -1843,6 +1846,7 @@ int main(int argc, char **argv) {
     if (!quick) graph_case(specs[1], seed + 35, 30, 9);
     graph_case(specs[quick ? 0 : 1], seed + 36, quick ? 8 : 30, 10);
     graph_case(specs[0], seed + 37, quick ? 8 : 30, 11);
+    graph_case(specs[quick ? 0 : 1], seed + 39, quick ? 8 : 30, 12);
     if (!quick) graph_case(specs[1], seed + 38, 30, 11);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {

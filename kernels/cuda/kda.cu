@@ -168,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     }
     cp_async_commit();
     pdl_wait(); // the kernel before has finished (a no-op without a programmatic launch)
+    pdl_trigger(); // the kernel after may be scheduled (it waits for this one: launch.cuh)
     const bool al = (((uintptr_t)a.qn | (uintptr_t)a.kn | (uintptr_t)a.decay) & 15) == 0;
     for (int i = tid; i < T * K4; i += kThreads) {
         const int t = i / K4, c = i % K4 * 4, pi = pidx<KR, R>(t, c);

@@ -391,10 +391,27 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
         for (int c = 0; c < K; c++) S[(size_t)c * V + j] = st[c];
 }
 
-// One warp per (token, value head).
+// One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
+// only prefetch [pf, pf + pf_bytes) into the L2, 16 KiB a bulk prefetch, chunk c from block
+// nb + c % pf_blocks: they neither wait nor read anything the step writes (the weights are never
+// written), so they start with the kernel before (its programmatic dependent) and the grid ends
+// once the others have and the prefetches have landed.
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
-                                     int64_t NH, int HV, int V, double eps) {
+                                     int64_t NH, int HV, int V, double eps, unsigned nb, const char *pf,
+                                     int64_t pf_bytes) {
+    if (blockIdx.x >= nb) {
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        constexpr int64_t kChunk = 16 << 10;
+        const int64_t pb = gridDim.x - nb, nchunks = (pf_bytes + kChunk - 1) / kChunk;
+        for (int64_t c = (int64_t)threadIdx.x * pb + (blockIdx.x - nb); c < nchunks; c += (int64_t)blockDim.x * pb) {
+            const int64_t o0 = c * kChunk, left = pf_bytes - o0;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + o0),
+                         "r"((uint32_t)(left < kChunk ? left : kChunk))
+                         : "memory");
+        }
+        return;
+    }
     kd_dep_start();
     const int64_t th = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -604,16 +621,22 @@ cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int
 }
 
 cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const float *gate, const float *bias,
-                                const float *w, int64_t N, int HV, int V, double eps, cudaStream_t s) {
+                                const float *w, int64_t N, int HV, int V, double eps, cudaStream_t s,
+                                const void *pf, int64_t pf_bytes, int pf_blocks) {
     const int64_t NH = N * HV;
     if (NH <= 0) return cudaSuccess;
     const int64_t blocks = (NH + 3) / 4;
-    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    if (pf_bytes < 0 || pf_blocks < 0 || pf_blocks > 1024 || (pf_bytes > 0 && (!pf || ((uintptr_t)pf & 15))) ||
+        (pf_bytes & 15))
+        return cudaErrorInvalidValue;
+    const int64_t pb = pf_bytes > 0 ? pf_blocks : 0;
+    if (blocks + pb > 0x7fffffff) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)(blocks + pb));
     if (out_bf16)
-        return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)blocks), dim3(128), 0, s,
-                             (__nv_bfloat16 *)y, o, gate, bias, w, NH, HV, V, eps);
-    return kd_launch_dep(gated_rmsnorm_kernel<float>, dim3((unsigned)blocks), dim3(128), 0, s, (float *)y, o, gate,
-                         bias, w, NH, HV, V, eps);
+        return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, grid, dim3(128), 0, s, (__nv_bfloat16 *)y, o, gate,
+                             bias, w, NH, HV, V, eps, (unsigned)blocks, (const char *)pf, pf_bytes);
+    return kd_launch_dep(gated_rmsnorm_kernel<float>, grid, dim3(128), 0, s, (float *)y, o, gate, bias, w, NH, HV, V,
+                         eps, (unsigned)blocks, (const char *)pf, pf_bytes);
 }
 
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {

@@ -8,7 +8,7 @@
 // writes OUT_PREFIX.json and OUT_PREFIX.md.
 //   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
-//   nothing written; with KD_BENCH_PREFETCH=1 with the L2 prefetch of weights (off by default).
+//   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -254,6 +254,58 @@ int main(int argc, char **argv) {
     const int64_t C = 2 * QK + VD;
 
     const int side_rows_default = 0; /* kd_cuda_set_side_rows: the backend's default (never) */
+    if (getenv("KD_BENCH_GNPF")) { /* experiment: the prefetch from blocks of the gated RMSNorm's launch (mode 4) */
+        static std::vector<int32_t> rec(128, 0);
+        auto small = [&](const char *st) {
+            kd_cuda_set_prefetch(be, 0, 0, 1);
+            double a = 0, b = 0;
+            for (int r = 0; r < 3; r++) {
+                a += time_steps(be, 4, 1, VOC, 3, 20, rec, false) / 3;
+                b += time_steps(be, 32, 1, VOC, 3, 20, rec, false) / 3;
+            }
+            printf("gnpf: %-40s B=4 s=0 %.3f ms, B=32 s=0 %.3f ms\n", st, a, b);
+        };
+        int l2b = 0;
+        cudaDeviceGetAttribute(&l2b, cudaDevAttrL2CacheSize, 0);
+        struct Cf {
+            int mode, blocks;
+            double frac;
+        };
+        std::vector<Cf> cfs = {{0, 0, 0}};
+        for (double fr : {0.1, 0.2, 0.3})
+            for (int nb : {8, 16, 32}) cfs.push_back({4, nb, fr});
+        const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}};
+        small("fresh");
+        for (const auto &pt : pts) {
+            std::vector<std::vector<double>> t(cfs.size());
+            for (int r = 0; r < 5; r++)
+                for (size_t i = 0; i < cfs.size(); i++) {
+                    const Cf &c = cfs[i];
+                    kd_cuda_set_prefetch(be, c.mode ? (int64_t)(c.frac * l2b) & ~(int64_t)15 : 0, 2, c.mode ? 4 : 1);
+                    if (c.mode) kd_cuda_set_prefetch_blocks(be, c.blocks);
+                    t[i].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+                }
+            for (size_t i = 0; i < cfs.size(); i++) {
+                std::sort(t[i].begin(), t[i].end());
+                printf("gnpf: B=%d s=%d %-28s step %.3f ms (median of 5 rounds of 20; none / this %.3f)\n", pt[0],
+                       pt[1],
+                       cfs[i].mode ? (std::to_string((int)(cfs[i].frac * l2b / 1e5) / 10.0).substr(0, 4) + " MB, " +
+                                      std::to_string(cfs[i].blocks) + " blocks").c_str()
+                                   : "none",
+                       t[i][2], t[0][2] / t[i][2]);
+            }
+        }
+        small("after the mode 4 sweep");
+        for (int r = 0; r < 3; r++) { /* the second stream's prefetch last (its slow state after) */
+            kd_cuda_set_prefetch(be, -1, 2, 2);
+            const double a = time_steps(be, 1, 1, VOC, 3, 20, rec, false);
+            printf("gnpf: B=1 s=0 second stream's prefetch (18.9 MB class, mode 2) step %.3f ms\n", a);
+        }
+        small("after the second stream's prefetch");
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
     if (getenv("KD_BENCH_SIDE_SWEEP")) { /* where the second stream starts to pay */
         const int pts[][2] = {{4, 0}, {8, 0}, {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0},
                               {2, 3}, {4, 3}, {6, 3}, {8, 3}, {12, 3}, {16, 3}, {24, 3}};
@@ -316,7 +368,7 @@ int main(int argc, char **argv) {
     json += "  \"steps\": [\n";
     std::string md = "| B | s | tokens/step | step (graphs) ms | step (eager) ms | step (graphs, plain stream order) ms | "
                      "step (graphs, cuBLAS for every product) ms | step (graphs, conv folds one launch a layer) ms | "
-                     "step (graphs, L2 prefetch, second stream) ms | "
+                     "step (graphs, no L2 prefetch) ms | "
                      "step (graphs, f_proj.1 and g_proj.1 one launch each) ms | "
                      "step (graphs, no fusion) ms | step (graphs, copy fused) ms | step (graphs, conv fused) ms | "
                      "step (graphs, cublasGemmEx) ms | step (graphs, cuBLASLt's first algorithm) ms | "
@@ -336,8 +388,8 @@ int main(int argc, char **argv) {
     /* the L2 prefetch sweep: bytes a layer (o_proj's first, then gate|up's) and mode */
     int l2 = 0;
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
-    /* the prefetch as kd_cuda_set_prefetch(be, -1, 2, 2) turns it on (off by default) */
-    const int pf_rows_default = 2, pf_mode_default = 2, pf_order_default = 1;
+    /* as the backend's defaults (mode 4: from blocks of the gated RMSNorm's launch) */
+    const int pf_rows_default = 2, pf_mode_default = 4, pf_order_default = 1;
     struct PfConf {
         double l2_frac; /* of the L2; < 0: o_proj's bytes */
         int mode;
@@ -355,7 +407,7 @@ int main(int argc, char **argv) {
         else snprintf(t, sizeof t, "%.1f MB, mode %d%s", pf_bytes(p) / 1e6, p.mode, p.gu_first ? ", gate|up first" : "");
         return t;
     };
-    std::string pf_md = "| B | s | no prefetch (the default, first pass) ms |", pf_json;
+    std::string pf_md = "| B | s | no prefetch (first pass) ms |", pf_json;
     for (int i = 0; i < kPfN; i++) { /* "gate|up" escaped for the table */
         std::string n = pf_name(kPf[i]);
         for (size_t at = n.find('|'); at != std::string::npos; at = n.find('|', at + 2)) n.insert(at, "\\");
@@ -371,7 +423,7 @@ int main(int argc, char **argv) {
         if (sscanf(pe, "%d,%d", &prof_b, &prof_s) != 2) return printf("KD_BENCH_PROFILE=B,s\n"), 2;
     /* The six points, measured in two passes: first every variant that keeps the step on one
      * stream, at every point, then the end-to-end runs (3), then the variants that put work on
-     * a second stream (the L2 prefetch, f_proj.1 / g_proj.1 beside the conv and KDA kernels):
+     * a second stream (the L2 prefetch in modes 1-3, f_proj.1 / g_proj.1 beside the conv and KDA kernels):
      * once a process has run those, its later steps of 3-32 rows run slower for good
      * (kernels/cuda/cuda_backend.cu), so what they are compared with is measured before. */
     static const size_t kPoints = 6;
@@ -380,8 +432,8 @@ int main(int argc, char **argv) {
         /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
          * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
          * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
-         * layer (kd_cuda_set_fold_layers(0)), ms[5]: graphs with the L2 prefetch of weights (second
-         * stream, steps of at most 2 requests), ms[6]: graphs with f_proj.1 and g_proj.1 one launch
+         * layer (kd_cuda_set_fold_layers(0)), ms[5]: graphs without the L2 prefetch of weights,
+         * ms[6]: graphs with f_proj.1 and g_proj.1 one launch
          * each, ms[7]: graphs with the gates' copy, the conv and f_proj.1 + g_proj.1 in their own
          * kernels (kd_cuda_set_fuse(0)), ms[8] / ms[9]: only the copy / only the conv fused,
          * ms[10] / ms[11]: the products cuBLAS takes through cublasGemmEx / cuBLASLt's first
@@ -400,7 +452,7 @@ int main(int argc, char **argv) {
     memset(R.data(), 0, sizeof(PointRes) * kPoints);
     /* v: 0 graphs, 1 eager, 2-16 the ms[] columns, then the left-out runs, then the sweep */
     const int v_abl = 17, v_only = v_abl + kAblate, v_pf = v_only + 2, n_v = v_pf + kPfN;
-    auto second_stream = [&](int v) { return v == 5 || v == 15 || v == 16 || v >= v_pf; };
+    auto second_stream = [&](int v) { return v == 15 || v == 16 || v >= v_pf; };
     /* pass 0 or 1; -1 on a failed step, 1 when the profiled step has run */
     auto run_pass = [&](int pass) -> int {
         for (size_t p = 0; p < kPoints; p++) {
@@ -413,12 +465,12 @@ int main(int argc, char **argv) {
                 kd_cuda_set_pdl(be, v != 2);
                 kd_cuda_set_skinny(be, v != 3);
                 kd_cuda_set_fold_layers(be, v != 4);
-                if (v == 5) kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
+                if (v == 5) kd_cuda_set_prefetch(be, 0, 0, 1);
                 else if (v >= v_pf) kd_cuda_set_prefetch(be, pf_bytes(kPf[v - v_pf]), 1 << 20, kPf[v - v_pf].mode);
-                else kd_cuda_set_prefetch(be, 0, 0, 1);
+                else kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
                 kd_cuda_set_prefetch_order(be, v >= v_pf ? kPf[v - v_pf].gu_first : pf_order_default);
-                if (prof_b >= 0 && getenv("KD_BENCH_PREFETCH") && !strcmp(getenv("KD_BENCH_PREFETCH"), "1"))
-                    kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default); /* profiling with it */
+                if (prof_b >= 0 && getenv("KD_BENCH_PREFETCH") && !strcmp(getenv("KD_BENCH_PREFETCH"), "0"))
+                    kd_cuda_set_prefetch(be, 0, 0, 1); /* profiling the step without the L2 prefetch */
                 kd_cuda_set_pair(be, v != 6);
                 kd_cuda_set_fuse(be, v == 7   ? 0
                                      : v == 8 ? KD_CUDA_FUSE_COPY
@@ -445,7 +497,7 @@ int main(int argc, char **argv) {
             kd_cuda_set_skinny(be, 1);
             kd_cuda_set_fold_layers(be, 1);
             kd_cuda_set_skip(be, 0);
-            kd_cuda_set_prefetch(be, 0, 0, 1);
+            kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
             kd_cuda_set_prefetch_order(be, pf_order_default);
             kd_cuda_set_pair(be, 1);
             kd_cuda_set_fuse(be, KD_CUDA_FUSE_DEFAULT);
@@ -549,7 +601,7 @@ int main(int argc, char **argv) {
         const double frac = roof / ms[1];
         printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
                "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
-               "(graphs, L2 prefetch on a second stream), %.3f ms "
+               "(graphs, no L2 prefetch), %.3f ms "
                "(graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms "
                "(graphs, "
                "no fusion), %.3f / %.3f ms (graphs, only the copy / the conv fused), %.3f / %.3f ms (graphs, "
@@ -562,7 +614,7 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf,
                  "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
                  "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, "
-                 "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_prefetch_second_stream\": %.4f, "
+                 "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_no_prefetch\": %.4f, "
                  "\"step_ms_graphs_fg_unpaired\": %.4f, \"step_ms_graphs_no_fusion\": %.4f, "
                  "\"step_ms_graphs_copy_fused\": %.4f, \"step_ms_graphs_conv_fused\": %.4f, "
                  "\"step_ms_graphs_gemmex\": %.4f, \"step_ms_graphs_lt_first\": %.4f, "
@@ -581,7 +633,7 @@ int main(int argc, char **argv) {
                  ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
         md += buf;
         /* the L2 prefetch in every step, by bytes a layer and mode */
-        snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[1]);
+        snprintf(buf, sizeof buf, "| %d | %d | %.3f |", Bn, s, ms[5]);
         pf_md += buf;
         printf("B=%3d s=%d L2 prefetch in every step (ms):", Bn, s);
         for (int i = 0; i < kPfN; i++) {
@@ -640,9 +692,9 @@ int main(int argc, char **argv) {
                    "each step folds the whole previous window. The products where the backend's skinny GEMM kernel "
                    "beats cuBLAS (gemv.cuh, kd_cu_skinny_pick) go to it; the cuBLAS column runs every product through "
                    "cuBLAS, the conv folds column folds the verify windows' conv windows one launch a layer "
-                   "instead of all layers in one (kd_cuda_set_fold_layers), the next runs with the L2 "
-                   "prefetch of weights on a second stream in steps of at most %d requests (kd_cuda_set_prefetch; "
-                   "off by default), the next with f_proj.1 and g_proj.1 in a launch "
+                   "instead of all layers in one (kd_cuda_set_fold_layers), the next runs without the L2 "
+                   "prefetch of weights (by default from blocks of the gated RMSNorm's launch in steps of at most "
+                   "%d requests: kd_cuda_set_prefetch mode 4), the next with f_proj.1 and g_proj.1 in a launch "
                    "each (kd_cuda_set_pair(0)), the next with the gates' bf16 copy, the conv and the KDA prepare in "
                    "their own kernels instead of the input projection's epilogue, f_proj.1 + g_proj.1's launch and "
                    "the conv + prepare kernel (kd_cuda_set_fuse(0)), the next two with only the copy / only the conv "
@@ -656,7 +708,7 @@ int main(int argc, char **argv) {
                    "one kernel at every row count (kd_cuda_set_conv_prep), the last two with f_proj.1 and g_proj.1 "
                    "on a second stream beside the conv and the KDA kernels from 33 rows / at every row count "
                    "(kd_cuda_set_side_rows; never by default), in the same run. The columns that use a second "
-                   "stream (the prefetch, the last two and the prefetch table below) are measured last, after every "
+                   "stream (the last two and the prefetch table below) are measured last, after every "
                    "other column at every point and after the end-to-end runs: a process that has run work on a "
                    "second stream runs its later steps of 3-32 rows slower for good "
                    "(kernels/cuda/cuda_backend.cu, results/kimi48b_slow_state_h200.md).\n\n%s\n",
@@ -671,8 +723,8 @@ int main(int argc, char **argv) {
         fprintf(f, "### The L2 prefetch of weights\n\nSteps (graphs) with each layer's o_proj weights, then "
                    "gate|up's first rows (or the other way round), prefetched into the L2 (%d MB) on a second "
                    "stream after the input "
-                   "projection, in every step whatever its rows (the option alone: in steps of at most %d "
-                   "requests), by "
+                   "projection, in every step whatever its rows (the default instead: mode 4, from blocks of "
+                   "the gated RMSNorm's launch, in steps of at most %d requests), by "
                    "bytes a layer and mode (kd_cu_l2_prefetch: 1 a prefetch a 128-byte line, 2 bulk prefetches of "
                    "16 KiB, 3 loads with the L2's 256-byte fetch); \"gate|up first\": gate|up's first rows before "
                    "o_proj's weights (kd_cuda_set_prefetch_order), ms; measured after the other columns "

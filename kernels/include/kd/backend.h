@@ -295,19 +295,26 @@ enum {
     KD_CUDA_SKIP_HEAD = 1024      /* the head's product (sampling still runs) */
 };
 int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
-/* The L2 prefetch of weights (off by default: kernels/cuda/cuda_backend.cu says why): in
- * forwards of at most max_rows rows (2 in benchmarks; more rows' state traffic would evict the
- * weights before they are read), each layer's
+/* The L2 prefetch of weights (by default mode 4, 20 % of the L2, at most 2 rows): in forwards
+ * of at most max_rows rows (more rows' state traffic would evict the weights before they are
+ * read), each layer's
  * gate|up first rows and o_proj's weights (kd_cuda_set_prefetch_order), at most `bytes` a
- * layer (< 0: the default, 30 % of the device's L2; 0: off), are prefetched into the L2 on a
- * second stream while the layer's latency-bound kernels (conv, KDA, norms) leave the memory
- * idle; mode 1-3 is how (kernels/cuda/ops.cuh kd_cu_l2_prefetch; default 2). The same
+ * layer (< 0: the default, 20 % of the device's L2 for mode 4, 30 % for modes 1-3; 0: off), are
+ * prefetched into the L2 while the layer's latency-bound kernels (conv, KDA, norms) leave the
+ * memory idle; mode 1-3 on a second stream (kernels/cuda/ops.cuh kd_cu_l2_prefetch), 4 from
+ * blocks of the gated RMSNorm's launch (kd_cuda_set_prefetch_blocks). The same
  * results either way; drops the captured graphs. Benchmarks and tests; -1 for a bad mode or a
  * backend that is not CUDA. */
 int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode);
 /* The prefetch's order: gate|up's first rows first (1, the default), or o_proj's weights
  * first (0); drops the captured graphs. Benchmarks and tests. */
 int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first);
+/* Mode 4 of kd_cuda_set_prefetch (the default): gate|up's first rows (at most `bytes` a layer)
+ * prefetched by `blocks` (1-1024; default 16) more blocks of the gated RMSNorm's launch, which
+ * start with the KDA verify before it, on the step's stream; modes 1-3 run on a second stream
+ * (kernels/cuda/cuda_backend.cu says why they are not the default). Drops the captured graphs;
+ * benchmarks and tests; -1 for a bad count. */
+int kd_cuda_set_prefetch_blocks(kd_backend *b, int blocks);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
