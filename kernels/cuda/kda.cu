@@ -1506,7 +1506,9 @@ int g_closed_form;
 
 /* The CUDA-core verify is launched as a programmatic dependent of the kernel before it
  * (kd_kda_pdl(0): plain stream order): its blocks start while that kernel finishes and load
- * everything it cannot have written (see verify_kernel). The contract: the kernel right
+ * everything it cannot have written (see verify_kernel). Past its wait it lets the kernel after
+ * it be scheduled (the backend's gated RMSNorm, whose prefetching blocks then run beside it:
+ * cuda_backend.cu); that kernel waits for it before it reads anything. The contract: the kernel right
  * before kd_kda_verify in the stream writes none of the state, the records or v (the
  * backend's is kd_kda_prepare or kd_cu_conv_prepare, which write qn, kn, qk, decay and beta,
  * and the latter the conv records of the q and k channels), and it lets the

@@ -9,6 +9,9 @@
 //   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
 //   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
+//   KD_BENCH_GNPF=1 cuda_bench ...: only steps of 1-2 requests, the L2 prefetch's mode 4 (blocks of
+//   the gated RMSNorm's launch) by bytes and blocks against none, alternated over 5 rounds, then the
+//   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -254,7 +257,7 @@ int main(int argc, char **argv) {
     const int64_t C = 2 * QK + VD;
 
     const int side_rows_default = 0; /* kd_cuda_set_side_rows: the backend's default (never) */
-    if (getenv("KD_BENCH_GNPF")) { /* experiment: the prefetch from blocks of the gated RMSNorm's launch (mode 4) */
+    if (getenv("KD_BENCH_GNPF")) { /* the prefetch from blocks of the gated RMSNorm's launch (mode 4) */
         static std::vector<int32_t> rec(128, 0);
         auto small = [&](const char *st) {
             kd_cuda_set_prefetch(be, 0, 0, 1);
