@@ -49,7 +49,9 @@
 // fill the L2 while the verify and the norm leave the memory idle; the norm's grid ends when
 // they have landed. 48B step on an H200, alternated rounds in one process: B = 1 s = 0 1.704 ->
 // 1.654 ms, s = 3 2.003 -> 1.989, B = 2 s = 0 1.951 -> 1.944 (8 blocks or 18.8 MB: slower; logs/
-// gnpf_h200.log).
+// gnpf_h200.log). 16 more blocks of the MLP RMSNorm's launch (o_proj's dependent) prefetch the next
+// 10 % of the L2 of gate|up's rows (kd_cuda_set_prefetch_mlp): 1.656 -> 1.648, 1.995 -> 1.988, 1.951 ->
+// 1.936 ms (20 % or more: slower; logs/gnpf_mlp_h200.log).
 // Everything runs on one stream by default. Two uses of a second stream are kept as options
 // (benchmarks, tests), off by default because of what they do to the rest of the process: once
 // a forward has run work on a second stream beside the step's kernels, every later step of 3-32
@@ -209,6 +211,7 @@ struct cu_backend {
     int side_open; // launch: work on the second stream that the step's stream has not joined yet
     int64_t pf_bytes, l2_bytes;
     int pf_rows, pf_mode, pf_blocks; // pf_blocks: mode 4's prefetching blocks
+    int64_t pf_mlp_bytes; // mode 4: gate|up's next rows from the MLP RMSNorm's launch (kd_cuda_set_prefetch_mlp)
     int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
@@ -1036,7 +1039,15 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
             return -1;
         // MLP block
-        if (!(sk & KD_CUDA_SKIP_NORMS)) KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s));
+        if (!(sk & KD_CUDA_SKIP_NORMS)) { /* mode 4: gate|up's next rows (after the gated norm's) from its blocks */
+            const int64_t gb = 2 * FF * D * (int64_t)cb->wsz;
+            const int64_t p0 = (gb < cb->pf_bytes ? gb : cb->pf_bytes) & ~(int64_t)15;
+            const int64_t pm = prefetch && cb->pf_mode == 4 && !(sk & KD_CUDA_SKIP_GATED_NORM)
+                                   ? (gb - p0 < cb->pf_mlp_bytes ? gb - p0 : cb->pf_mlp_bytes) & ~(int64_t)15
+                                   : 0;
+            KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s, (const char *)Ly->w_gu + p0,
+                              pm, cb->pf_blocks));
+        }
         if (sk & KD_CUDA_SKIP_MLP) {
             /* benchmarks: left out (kd_cuda_set_skip) */
         } else if (bf && cb->skinny && kd_cu_skinny_pick(N, 2 * FF, D) == 5 &&
@@ -1303,6 +1314,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->l2_bytes = l2;
     cb->pf_rows = 2, cb->pf_mode = 4, cb->pf_gu_first = 1, cb->pf_blocks = 16; /* above */
     cb->pf_bytes = default_prefetch_bytes(cb, cb->pf_mode);
+    cb->pf_mlp_bytes = (cb->l2_bytes / 10) & ~(int64_t)15; /* above */
     if (!what && ((e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess ||
                   (e = cudaMalloc(&cb->blas_ws_side, kBlasWorkspace)) != cudaSuccess))
         what = "cudaMalloc (cuBLAS workspace)";
@@ -1419,6 +1431,14 @@ extern "C" int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, 
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->pf_bytes = bytes < 0 ? default_prefetch_bytes(cb, mode) : bytes, cb->pf_rows = max_rows, cb->pf_mode = mode;
+    return 0;
+}
+
+extern "C" int kd_cuda_set_prefetch_mlp(kd_backend *b, int64_t bytes) {
+    if (bytes < 0) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->pf_mlp_bytes = bytes;
     return 0;
 }
 

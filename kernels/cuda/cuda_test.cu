@@ -855,7 +855,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // with the v channels' conv in f_proj.1 + g_proj.1's launch on the first, the whole conv there on
 // the second. Variant 11: f_proj.1 and g_proj.1 on the second stream in every forward
 // (kd_cuda_set_side_rows 1) on the first, never on the second. Variant 12: as 2-4 with mode 4 (the
-// prefetch from 3 more blocks of the gated RMSNorm's launch, kd_cuda_set_prefetch_blocks).
+// prefetch from 3 more blocks of the gated RMSNorm's launch, its first 4 KiB, and of the MLP
+// RMSNorm's, the rest: kd_cuda_set_prefetch_blocks, kd_cuda_set_prefetch_mlp).
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -874,9 +875,10 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              kd_cuda_set_graphs(be[i], folds || i == 0) == 0 &&
              kd_cuda_set_fold_layers(be[i], variant != 1 || i == 0) == 0 &&
              (variant < 2 || variant == 5 || (variant >= 7 && variant != 12) ||
-              kd_cuda_set_prefetch(be[i], i == 0 ? -1 : 0, i == 0 ? 1 << 20 : 0,
+              kd_cuda_set_prefetch(be[i], i == 0 ? (variant == 12 ? 4096 : -1) : 0, i == 0 ? 1 << 20 : 0,
                                    variant == 12 ? 4 : variant >= 6 ? 2 : variant - 1) == 0) &&
-             (variant != 12 || kd_cuda_set_prefetch_blocks(be[i], 3) == 0) &&
+             (variant != 12 || (kd_cuda_set_prefetch_blocks(be[i], 3) == 0 &&
+                                kd_cuda_set_prefetch_mlp(be[i], i == 0 ? 1 << 20 : 0) == 0)) &&
              kd_cuda_set_prefetch_order(be[i], variant == 6) == 0 &&
              (variant != 5 || kd_cuda_set_pair(be[i], i == 0) == 0) &&
              (variant < 7 || variant > 10 || kd_cuda_set_fuse(be[i], fuse_masks[variant - 7][i]) == 0) &&

@@ -71,6 +71,22 @@ __device__ double block_sum(double v) {
 // are loaded before the programmatic wait (they are never written) and its inputs stay in
 // registers for the output, so at the 48B preset's D = 2304 the kernel waits on memory once
 // after the kernel before it, not three times (the weights came from DRAM after the sum).
+// The prefetching blocks of a norm's launch (gated_rmsnorm_kernel, rmsnorm_kernel): block `b` of
+// `nb` lets the kernel after be scheduled, then bulk-prefetches its share of [pf, pf + bytes) into
+// the L2, 16 KiB chunks, chunk c from block c % nb. It neither waits nor reads what the step
+// writes; the grid ends once the prefetches have landed.
+__device__ __forceinline__ void prefetch_share(const char *pf, int64_t bytes, int64_t b, int64_t nb) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    constexpr int64_t kChunk = 16 << 10;
+    const int64_t nchunks = (bytes + kChunk - 1) / kChunk;
+    for (int64_t c = (int64_t)threadIdx.x * nb + b; c < nchunks; c += (int64_t)blockDim.x * nb) {
+        const int64_t o0 = c * kChunk, left = bytes - o0;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + o0),
+                     "r"((uint32_t)(left < kChunk ? left : kChunk))
+                     : "memory");
+    }
+}
+
 constexpr int kNormU = 8;
 inline unsigned rmsnorm_threads(int64_t D) {
     const int64_t t = ((D + kNormU - 1) / kNormU + 31) / 32 * 32;
@@ -78,7 +94,11 @@ inline unsigned rmsnorm_threads(int64_t D) {
 }
 template <class Y>
 __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows, int64_t D,
-                               const float *__restrict__ w, double eps) {
+                               const float *__restrict__ w, double eps, unsigned nm, const char *pf, int64_t pf_bytes) {
+    if (blockIdx.x >= nm) { /* the prefetching blocks (kd_cu_rmsnorm's pf_blocks) */
+        prefetch_share(pf, pf_bytes, blockIdx.x - nm, gridDim.x - nm);
+        return;
+    }
     constexpr int U = kNormU;
     const int64_t m = blockIdx.x, nt = blockDim.x, i0 = threadIdx.x;
     float g0[U], v0[U]; /* the first pass's weights and inputs */
@@ -401,15 +421,7 @@ __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, co
                                      int64_t NH, int HV, int V, double eps, unsigned nb, const char *pf,
                                      int64_t pf_bytes) {
     if (blockIdx.x >= nb) {
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-        constexpr int64_t kChunk = 16 << 10;
-        const int64_t pb = gridDim.x - nb, nchunks = (pf_bytes + kChunk - 1) / kChunk;
-        for (int64_t c = (int64_t)threadIdx.x * pb + (blockIdx.x - nb); c < nchunks; c += (int64_t)blockDim.x * pb) {
-            const int64_t o0 = c * kChunk, left = pf_bytes - o0;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + o0),
-                         "r"((uint32_t)(left < kChunk ? left : kChunk))
-                         : "memory");
-        }
+        prefetch_share(pf, pf_bytes, blockIdx.x - nb, gridDim.x - nb);
         return;
     }
     kd_dep_start();
@@ -510,15 +522,25 @@ cudaError_t kd_cu_embed(int table_bf16, const void *table, const int32_t *tok, i
     return cudaGetLastError();
 }
 
+// A norm's prefetching blocks (prefetch_share): their count, or -1 for bad arguments.
+static int64_t prefetch_blocks(const void *pf, int64_t pf_bytes, int pf_blocks) {
+    if (pf_bytes < 0 || pf_blocks < 0 || pf_blocks > 1024 || (pf_bytes > 0 && (!pf || ((uintptr_t)pf & 15))) ||
+        (pf_bytes & 15))
+        return -1;
+    return pf_bytes > 0 ? pf_blocks : 0;
+}
+
 cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *rows, int64_t M, int64_t D,
-                          const float *w, double eps, cudaStream_t s) {
+                          const float *w, double eps, cudaStream_t s, const void *pf, int64_t pf_bytes, int pf_blocks) {
     if (M <= 0) return cudaSuccess;
-    if (M > 0x7fffffff) return cudaErrorInvalidValue;
-    const dim3 block(rmsnorm_threads(D));
+    const int64_t pb = prefetch_blocks(pf, pf_bytes, pf_blocks);
+    if (pb < 0 || M + pb > 0x7fffffff) return cudaErrorInvalidValue;
+    const dim3 block(rmsnorm_threads(D)), grid((unsigned)(M + pb));
     if (out_bf16)
-        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16>, dim3((unsigned)M), block, 0, s, (__nv_bfloat16 *)y, x, rows,
-                             D, w, eps);
-    return kd_launch_dep(rmsnorm_kernel<float>, dim3((unsigned)M), block, 0, s, (float *)y, x, rows, D, w, eps);
+        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16>, grid, block, 0, s, (__nv_bfloat16 *)y, x, rows, D, w, eps,
+                             (unsigned)M, (const char *)pf, pf_bytes);
+    return kd_launch_dep(rmsnorm_kernel<float>, grid, block, 0, s, (float *)y, x, rows, D, w, eps, (unsigned)M,
+                         (const char *)pf, pf_bytes);
 }
 
 cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld, int64_t off,
@@ -625,12 +647,8 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
                                 const void *pf, int64_t pf_bytes, int pf_blocks) {
     const int64_t NH = N * HV;
     if (NH <= 0) return cudaSuccess;
-    const int64_t blocks = (NH + 3) / 4;
-    if (pf_bytes < 0 || pf_blocks < 0 || pf_blocks > 1024 || (pf_bytes > 0 && (!pf || ((uintptr_t)pf & 15))) ||
-        (pf_bytes & 15))
-        return cudaErrorInvalidValue;
-    const int64_t pb = pf_bytes > 0 ? pf_blocks : 0;
-    if (blocks + pb > 0x7fffffff) return cudaErrorInvalidValue;
+    const int64_t blocks = (NH + 3) / 4, pb = prefetch_blocks(pf, pf_bytes, pf_blocks);
+    if (pb < 0 || blocks + pb > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(blocks + pb));
     if (out_bf16)
         return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, grid, dim3(128), 0, s, (__nv_bfloat16 *)y, o, gate,

@@ -39,9 +39,11 @@ cudaError_t kd_cu_embed(int table_bf16, const void *table, const int32_t *tok, i
                         int64_t D, float *x, cudaStream_t s);
 
 // y[m] = rms(x[rows ? rows[m] : m], w) for m < M (vectors of D; eps as the CPU: sum of
-// squares in double). y: [M][D], float or bf16 per out_bf16.
+// squares in double). y: [M][D], float or bf16 per out_bf16. pf_bytes > 0: pf_blocks more blocks
+// prefetch [pf, pf + pf_bytes) into the L2, as kd_cu_gated_rmsnorm's.
 cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *rows, int64_t M,
-                          int64_t D, const float *w, double eps, cudaStream_t s);
+                          int64_t D, const float *w, double eps, cudaStream_t s, const void *pf = nullptr,
+                          int64_t pf_bytes = 0, int pf_blocks = 0);
 
 // dst[t][i] = src[t * ld + off + i] for t < N, i < width (dst dense [N][width], float or
 // bf16 per out_bf16).

@@ -10,7 +10,7 @@
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
 //   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
 //   KD_BENCH_GNPF=1 cuda_bench ...: only steps of 1-2 requests, the L2 prefetch's mode 4 (blocks of
-//   the gated RMSNorm's launch) by bytes and blocks against none, alternated over 5 rounds, then the
+//   the gated and MLP RMSNorms' launches) by bytes and blocks against none, alternated over 5 rounds, then the
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
@@ -272,11 +272,10 @@ int main(int argc, char **argv) {
         cudaDeviceGetAttribute(&l2b, cudaDevAttrL2CacheSize, 0);
         struct Cf {
             int mode, blocks;
-            double frac;
+            double frac, mlp; /* of the L2: the gated norm's share, the MLP norm's */
         };
-        std::vector<Cf> cfs = {{0, 0, 0}};
-        for (double fr : {0.1, 0.2, 0.3})
-            for (int nb : {8, 16, 32}) cfs.push_back({4, nb, fr});
+        std::vector<Cf> cfs = {{0, 0, 0, 0},       {4, 16, 0.2, 0},   {4, 16, 0.2, 0.1}, {4, 16, 0.2, 0.2},
+                               {4, 16, 0.2, 0.3}, {4, 32, 0.2, 0.2}, {4, 16, 0.1, 0.2}, {4, 16, 0.3, 0.1}};
         const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}};
         small("fresh");
         for (const auto &pt : pts) {
@@ -286,16 +285,16 @@ int main(int argc, char **argv) {
                     const Cf &c = cfs[i];
                     kd_cuda_set_prefetch(be, c.mode ? (int64_t)(c.frac * l2b) & ~(int64_t)15 : 0, 2, c.mode ? 4 : 1);
                     if (c.mode) kd_cuda_set_prefetch_blocks(be, c.blocks);
+                    kd_cuda_set_prefetch_mlp(be, (int64_t)(c.mlp * l2b) & ~(int64_t)15);
                     t[i].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
                 }
             for (size_t i = 0; i < cfs.size(); i++) {
                 std::sort(t[i].begin(), t[i].end());
-                printf("gnpf: B=%d s=%d %-28s step %.3f ms (median of 5 rounds of 20; none / this %.3f)\n", pt[0],
-                       pt[1],
-                       cfs[i].mode ? (std::to_string((int)(cfs[i].frac * l2b / 1e5) / 10.0).substr(0, 4) + " MB, " +
-                                      std::to_string(cfs[i].blocks) + " blocks").c_str()
-                                   : "none",
-                       t[i][2], t[0][2] / t[i][2]);
+                char nm[96];
+                snprintf(nm, sizeof nm, "%.1f MB + MLP norm %.1f MB, %d blocks", cfs[i].frac * l2b / 1e6,
+                         cfs[i].mlp * l2b / 1e6, cfs[i].blocks);
+                printf("gnpf: B=%d s=%d %-40s step %.3f ms (median of 5 rounds of 20; none / this %.3f)\n", pt[0],
+                       pt[1], cfs[i].mode ? nm : "none", t[i][2], t[0][2] / t[i][2]);
             }
         }
         small("after the mode 4 sweep");
@@ -696,8 +695,8 @@ int main(int argc, char **argv) {
                    "beats cuBLAS (gemv.cuh, kd_cu_skinny_pick) go to it; the cuBLAS column runs every product through "
                    "cuBLAS, the conv folds column folds the verify windows' conv windows one launch a layer "
                    "instead of all layers in one (kd_cuda_set_fold_layers), the next runs without the L2 "
-                   "prefetch of weights (by default from blocks of the gated RMSNorm's launch in steps of at most "
-                   "%d requests: kd_cuda_set_prefetch mode 4), the next with f_proj.1 and g_proj.1 in a launch "
+                   "prefetch of weights (by default from blocks of the gated and MLP RMSNorms' launches in steps of "
+                   "at most %d requests: kd_cuda_set_prefetch mode 4), the next with f_proj.1 and g_proj.1 in a launch "
                    "each (kd_cuda_set_pair(0)), the next with the gates' bf16 copy, the conv and the KDA prepare in "
                    "their own kernels instead of the input projection's epilogue, f_proj.1 + g_proj.1's launch and "
                    "the conv + prepare kernel (kd_cuda_set_fuse(0)), the next two with only the copy / only the conv "
@@ -727,7 +726,7 @@ int main(int argc, char **argv) {
                    "gate|up's first rows (or the other way round), prefetched into the L2 (%d MB) on a second "
                    "stream after the input "
                    "projection, in every step whatever its rows (the default instead: mode 4, from blocks of "
-                   "the gated RMSNorm's launch, in steps of at most %d requests), by "
+                   "the gated and MLP RMSNorms' launches, in steps of at most %d requests), by "
                    "bytes a layer and mode (kd_cu_l2_prefetch: 1 a prefetch a 128-byte line, 2 bulk prefetches of "
                    "16 KiB, 3 loads with the L2's 256-byte fetch); \"gate|up first\": gate|up's first rows before "
                    "o_proj's weights (kd_cuda_set_prefetch_order), ms; measured after the other columns "

@@ -302,7 +302,8 @@ int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
  * layer (< 0: the default, 20 % of the device's L2 for mode 4, 30 % for modes 1-3; 0: off), are
  * prefetched into the L2 while the layer's latency-bound kernels (conv, KDA, norms) leave the
  * memory idle; mode 1-3 on a second stream (kernels/cuda/ops.cuh kd_cu_l2_prefetch), 4 from
- * blocks of the gated RMSNorm's launch (kd_cuda_set_prefetch_blocks). The same
+ * blocks of the gated RMSNorm's launch (kd_cuda_set_prefetch_blocks) and of the MLP RMSNorm's
+ * (kd_cuda_set_prefetch_mlp). The same
  * results either way; drops the captured graphs. Benchmarks and tests; -1 for a bad mode or a
  * backend that is not CUDA. */
 int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode);
@@ -315,6 +316,10 @@ int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first);
  * (kernels/cuda/cuda_backend.cu says why they are not the default). Drops the captured graphs;
  * benchmarks and tests; -1 for a bad count. */
 int kd_cuda_set_prefetch_blocks(kd_backend *b, int blocks);
+/* Mode 4: at most `bytes` more of gate|up's rows (after the gated RMSNorm's share) from as many
+ * blocks of the MLP RMSNorm's launch, which start with o_proj (default 10 % of the L2; 0: none).
+ * Drops the captured graphs; benchmarks and tests; -1 for bytes < 0. */
+int kd_cuda_set_prefetch_mlp(kd_backend *b, int64_t bytes);
 /* Graphs captured so far and replays (statistics). */
 void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays);
 /* Samples host logits ([kd_batch_logit_rows][vocab]) with the device's sampling kernels, as
