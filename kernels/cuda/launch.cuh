@@ -12,6 +12,11 @@
 // verifies and the conv kernels (conv.cuh, ops.cu's conv + prepare, where the backend says so:
 // kd_cu_conv_args.early), which rely on the last point (what they load early was written two or
 // more kernels back, so it is complete once their predecessor has started).
+// Some blocks never wait: the norms' prefetching blocks (ops.cu prefetch_share) read nothing
+// the step writes and write nothing, so they trigger at once and exit. The chain still holds:
+// the kernel after waits for the whole grid, whose other blocks waited for the kernel before;
+// but a grid made only of such blocks would break it (its successor could start before the
+// kernel before it has finished).
 //
 // Measured and not kept: the norms triggering before their wait, so that the weight product
 // after each is scheduled while the product before it finishes: no change in a 48B step on
