@@ -918,6 +918,13 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const unsigned sk = cb->skip;
     /* few rows: their states' traffic leaves the prefetched weights in the L2 until read */
     const bool prefetch = cb->pf_bytes > 0 && nv + np <= cb->pf_rows;
+    /* mode 4's shares of each layer's gate|up rows: the gated RMSNorm's blocks [0, pf_gn), the MLP
+     * RMSNorm's [pf_gn, pf_gn + pf_mlp) */
+    const int64_t gu_bytes = 2 * FF * D * (int64_t)cb->wsz;
+    const bool pf4 = prefetch && cb->pf_mode == 4;
+    const int64_t pf_gn = pf4 ? (gu_bytes < cb->pf_bytes ? gu_bytes : cb->pf_bytes) & ~(int64_t)15 : 0;
+    const int64_t pf_mlp =
+        pf4 ? (gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes) & ~(int64_t)15 : 0;
     if (fold_first)
         KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
                                    cb->lxrec, b->max_window, s));
@@ -936,9 +943,9 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (prefetch && cb->pf_mode != 4) { /* modes 1-3: o_proj's weights and gate|up's first rows (in
                          * pf_gu_first's order) into the L2 while the layer's small kernels leave the
                          * memory idle (a hint: no result depends on it) */
-            const int64_t ob = D * VD * (int64_t)cb->wsz, gb = 2 * FF * D * (int64_t)cb->wsz;
+            const int64_t ob = D * VD * (int64_t)cb->wsz;
             const void *w1 = cb->pf_gu_first ? Ly->w_gu : Ly->w_o, *w2 = cb->pf_gu_first ? Ly->w_o : Ly->w_gu;
-            const int64_t b1 = cb->pf_gu_first ? gb : ob, b2 = cb->pf_gu_first ? ob : gb;
+            const int64_t b1 = cb->pf_gu_first ? gu_bytes : ob, b2 = cb->pf_gu_first ? ob : gu_bytes;
             const int64_t a = (b1 < cb->pf_bytes ? b1 : cb->pf_bytes) & ~(int64_t)15;
             const int64_t r = (b2 < cb->pf_bytes - a ? b2 : cb->pf_bytes - a) & ~(int64_t)15;
             CU(cudaEventRecord(cb->ev_fork, s));
@@ -1028,26 +1035,15 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
             cb->side_open = 0; /* all its work so far */
         }
-        if (!(sk & KD_CUDA_SKIP_GATED_NORM)) {
-            /* mode 4: gate|up's first rows from blocks of the gated RMSNorm's launch (one stream) */
-            const int64_t gb = 2 * FF * D * (int64_t)cb->wsz;
-            const int64_t pb =
-                prefetch && cb->pf_mode == 4 ? (gb < cb->pf_bytes ? gb : cb->pf_bytes) & ~(int64_t)15 : 0;
+        if (!(sk & KD_CUDA_SKIP_GATED_NORM))
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
-                                    c->norm_eps, s, Ly->w_gu, pb, cb->pf_blocks));
-        }
+                                    c->norm_eps, s, Ly->w_gu, pf_gn, cb->pf_blocks));
         if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
             return -1;
         // MLP block
-        if (!(sk & KD_CUDA_SKIP_NORMS)) { /* mode 4: gate|up's next rows (after the gated norm's) from its blocks */
-            const int64_t gb = 2 * FF * D * (int64_t)cb->wsz;
-            const int64_t p0 = (gb < cb->pf_bytes ? gb : cb->pf_bytes) & ~(int64_t)15;
-            const int64_t pm = prefetch && cb->pf_mode == 4 && !(sk & KD_CUDA_SKIP_GATED_NORM)
-                                   ? (gb - p0 < cb->pf_mlp_bytes ? gb - p0 : cb->pf_mlp_bytes) & ~(int64_t)15
-                                   : 0;
-            KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s, (const char *)Ly->w_gu + p0,
-                              pm, cb->pf_blocks));
-        }
+        if (!(sk & KD_CUDA_SKIP_NORMS))
+            KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s,
+                              (const char *)Ly->w_gu + pf_gn, pf_mlp, cb->pf_blocks));
         if (sk & KD_CUDA_SKIP_MLP) {
             /* benchmarks: left out (kd_cuda_set_skip) */
         } else if (bf && cb->skinny && kd_cu_skinny_pick(N, 2 * FF, D) == 5 &&

@@ -156,8 +156,9 @@ cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int6
 // one prefetch.global.L2 per 128-byte line; 2: cp.async.bulk.prefetch.L2 of 16 KiB a thread,
 // from the first few blocks (a few SMs' copy engines: a trickle that leaves the memory to the
 // kernels running meanwhile); 3: 4-byte loads with the L2's 256-byte fetch, one a 256 bytes.
-// The backend can run it (kd_cuda_set_prefetch; off by default) on a second stream while a
-// layer's latency-bound kernels leave the memory idle (cuda_backend.cu).
+// The backend can run it on a second stream (kd_cuda_set_prefetch modes 1-3; not the default,
+// which prefetches from the norms' launches: cuda_backend.cu) while a layer's latency-bound
+// kernels leave the memory idle.
 cudaError_t kd_cu_l2_prefetch(const void *p, int64_t bytes, int mode, cudaStream_t s);
 
 #endif
