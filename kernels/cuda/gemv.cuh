@@ -77,8 +77,10 @@ cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __n
 // does not take M): 0 the default (by M), 1-4 the tensor-core form (8 warps a block, 4 or 2
 // key blocks in flight, interleaved; 4 warps, 4 contiguous / 2 interleaved), 5-8 the row form
 // for M <= 4 (rows a warp x 16-byte chunks a row in flight: 2x2, 1x4, 2x4, 4x2), 9-10 the
-// split-K row form for M <= 4 (8 warps on 2 or 4 rows, 2 chunks in flight a lane).
-#define KD_SKINNY_FORMS 10
+// split-K row form for M <= 4 (8 warps on 2 or 4 rows, 2 chunks in flight a lane), 11-14 forms
+// 5, 6 and 9 and the split-K row form on 1 row, 4 chunks in flight, with the next chunks' loads
+// issued before this chunks' products.
+#define KD_SKINNY_FORMS 14
 cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                    const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                                    cudaStream_t s);

@@ -308,6 +308,28 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
+    if (getenv("KD_BENCH_ROWS_FORM")) { /* products of 2-4 rows in skinny forms instead of cuBLAS */
+        static std::vector<int32_t> rec(128, 0);
+        const int forms[] = {0, 5, 9, 11, 12, 13, 14};
+        const int pts[][2] = {{1, 3}, {1, 1}, {2, 0}, {4, 0}, {1, 0}};
+        for (const auto &pt : pts) {
+            std::vector<double> t[7];
+            for (int r = 0; r < 5; r++)
+                for (int i = 0; i < 7; i++) {
+                    kd_cuda_set_skinny_rows_form(be, forms[i]);
+                    t[i].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+                }
+            for (int i = 0; i < 7; i++) {
+                std::sort(t[i].begin(), t[i].end());
+                printf("rows_form: B=%d s=%d form %2d step %.3f ms (median of 5 rounds of 20; cuBLAS / this %.3f)\n",
+                       pt[0], pt[1], forms[i], t[i][2], t[0][2] / t[i][2]);
+            }
+        }
+        kd_cuda_set_skinny_rows_form(be, 0);
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
     if (getenv("KD_BENCH_SIDE_SWEEP")) { /* where the second stream starts to pay */
         const int pts[][2] = {{4, 0}, {8, 0}, {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0},
                               {2, 3}, {4, 3}, {6, 3}, {8, 3}, {12, 3}, {16, 3}, {24, 3}};
