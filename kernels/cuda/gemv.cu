@@ -162,6 +162,14 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
     for (int c0 = first; c0 < nch; c0 += U * STEP) {
         uint4 wn[RW][U];
         if (PIPE) load(wn, c0 + U * STEP);
+        uint4 xa[U][MT]; /* every activation chunk of these U chunks first: their loads in flight together */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * STEP, k = (c * 32 + lane) * 8;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                xa[u][m] = c < nch && k < K && m < M ? __ldg((const uint4 *)(A + m * lda + k)) : zero;
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * STEP, k = (c * 32 + lane) * 8;
@@ -170,7 +178,7 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
             for (int m = 0; m < MT; m++) {
                 if (m >= M) break;
                 float xf[8];
-                bf16x8(__ldg((const uint4 *)(A + m * lda + k)), xf);
+                bf16x8(xa[u][m], xf);
 #pragma unroll
                 for (int r = 0; r < RW; r++) {
                     float wf[8];
