@@ -135,9 +135,7 @@ __device__ __forceinline__ void bf16x8(uint4 v, float (&f)[8]) {
 // A warp's sums over rows r0 .. r0 + RW - 1 of W times the M activation rows, over the lane's
 // chunks c0, c0 + STEP, ... (STEP 1: the whole row; 8: a warp's share of a split row), U in
 // flight; the first loads are issued before the programmatic wait (weights are never written).
-// PIPE: the next U chunks' loads are issued before this U's products (twice the weight
-// registers), so a warp's loads stay in flight while it multiplies; without, they follow them.
-template <int MT, int RW, int U, int STEP, bool PIPE = false>
+template <int MT, int RW, int U, int STEP>
 __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N, int K, const __nv_bfloat16 *A,
                                              int64_t lda, const __nv_bfloat16 *W, int64_t ldw, int64_t r0, int first,
                                              int lane) {
@@ -148,20 +146,18 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
 #pragma unroll
         for (int m = 0; m < MT; m++) acc[r][m] = 0.f;
     uint4 w[RW][U];
-    auto load = [&](uint4(&d)[RW][U], int c0) {
+    auto load = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * STEP, k = (c * 32 + lane) * 8;
 #pragma unroll
             for (int r = 0; r < RW; r++)
-                d[r][u] = c < nch && k < K && r0 + r < N ? ld_weights(W + (r0 + r) * ldw + k) : zero;
+                w[r][u] = c < nch && k < K && r0 + r < N ? ld_weights(W + (r0 + r) * ldw + k) : zero;
         }
     };
-    load(w, first);
+    load(first);
     kd_dep_start();
     for (int c0 = first; c0 < nch; c0 += U * STEP) {
-        uint4 wn[RW][U];
-        if (PIPE) load(wn, c0 + U * STEP);
         uint4 xa[U][MT]; /* every activation chunk of these U chunks first: their loads in flight together */
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -188,14 +184,7 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
                 }
             }
         }
-        if (PIPE) {
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < RW; r++) w[r][u] = wn[r][u];
-        } else {
-            load(w, c0 + U * STEP);
-        }
+        load(c0 + U * STEP);
     }
 #pragma unroll
     for (int r = 0; r < RW; r++)
@@ -209,14 +198,14 @@ __device__ __forceinline__ void row_partials(float (&acc)[RW][MT], int M, int N,
 // kernel writes act[m][j] = bf16(silu(gate) * up) into Y (leading dimension ldc) instead of C.
 // COPY: also bf16 copies of C's columns [ep.col0, ep.col0 + ep.ncols) into ep.copy (the value
 // stored in C, rounded).
-template <int MT, int RW, int U, bool SWIGLU, bool COPY = false, bool PIPE = false>
+template <int MT, int RW, int U, bool SWIGLU, bool COPY = false>
 __device__ __forceinline__ void row_body(int bx, int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                          const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                                          __nv_bfloat16 *Y, const kd_skinny_epi &ep = kd_skinny_epi{}) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r0 = ((int64_t)bx * 8 + warp) * RW;
     float acc[RW][MT];
-    row_partials<MT, RW, U, 1, PIPE>(acc, M, N, K, A, lda, W, ldw, r0, 0, lane);
+    row_partials<MT, RW, U, 1>(acc, M, N, K, A, lda, W, ldw, r0, 0, lane);
     if (SWIGLU) {
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -238,11 +227,11 @@ __device__ __forceinline__ void row_body(int bx, int M, int N, int K, const __nv
     }
 }
 
-template <int MT, int RW, int U, bool SWIGLU = false, bool COPY = false, bool PIPE = false>
+template <int MT, int RW, int U, bool SWIGLU = false, bool COPY = false>
 __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                                          const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
                                                          int64_t ldc, __nv_bfloat16 *Y, kd_skinny_epi ep) {
-    row_body<MT, RW, U, SWIGLU, COPY, PIPE>(blockIdx.x, M, N, K, A, lda, W, ldw, beta, C, ldc, Y, ep);
+    row_body<MT, RW, U, SWIGLU, COPY>(blockIdx.x, M, N, K, A, lda, W, ldw, beta, C, ldc, Y, ep);
 }
 
 template <int MT, int RW, int U>
@@ -286,7 +275,7 @@ cudaError_t launch_tc(int m, int n, int kb, const __nv_bfloat16 *A, int64_t lda,
 // at a time), U chunks a row in flight a lane; warp sums by shuffles, then the 8 warps' sums
 // in shared memory in a fixed order. Many more warps than the row form at small N (the down
 // projection and o_proj of the 48B preset: N = 2304).
-template <int MT, int RW, int U, bool PIPE>
+template <int MT, int RW, int U>
 __global__ void __launch_bounds__(256) skinny_rowk_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                                           const __nv_bfloat16 *W, int64_t ldw, float beta, float *C,
                                                           int64_t ldc) {
@@ -294,7 +283,7 @@ __global__ void __launch_bounds__(256) skinny_rowk_kernel(int M, int N, int K, c
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r0 = (int64_t)blockIdx.x * RW;
     float acc[RW][MT];
-    row_partials<MT, RW, U, 8, PIPE>(acc, M, N, K, A, lda, W, ldw, r0, warp, lane);
+    row_partials<MT, RW, U, 8>(acc, M, N, K, A, lda, W, ldw, r0, warp, lane);
 #pragma unroll
     for (int r = 0; r < RW; r++)
 #pragma unroll
@@ -312,13 +301,13 @@ __global__ void __launch_bounds__(256) skinny_rowk_kernel(int M, int N, int K, c
     }
 }
 
-template <int RW, int U, bool PIPE = false>
+template <int RW, int U>
 cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
                         float beta, float *C, int64_t ldc, cudaStream_t s) {
     const dim3 grid((unsigned)((n + RW - 1) / RW)), block(256);
     switch (m) {
 #define KD_SKINNY_ROWK(MT) \
-    kd_launch_dep(skinny_rowk_kernel<MT, RW, U, PIPE>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc)
+    kd_launch_dep(skinny_rowk_kernel<MT, RW, U>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, ldc)
     case 1: return KD_SKINNY_ROWK(1);
     case 2: return KD_SKINNY_ROWK(2);
     default: return KD_SKINNY_ROWK(4);
@@ -326,15 +315,15 @@ cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda
     }
 }
 
-template <int RW, int U, bool SWIGLU = false, bool COPY = false, bool PIPE = false>
+template <int RW, int U, bool SWIGLU = false, bool COPY = false>
 cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
                        float beta, float *C, int64_t ldc, cudaStream_t s, __nv_bfloat16 *Y = nullptr,
                        const kd_skinny_epi &ep = kd_skinny_epi{}) {
     const dim3 grid((unsigned)((n + 8 * RW - 1) / (8 * RW))), block(256);
     switch (m) {
-#define KD_SKINNY_ROW(MT)                                                                                     \
-    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU, COPY, PIPE>, grid, block, 0, s, m, n, k, A, lda, W, ldw, \
-                  beta, C, ldc, Y, ep)
+#define KD_SKINNY_ROW(MT)                                                                                   \
+    kd_launch_dep(skinny_row_kernel<MT, RW, U, SWIGLU, COPY>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C, \
+                  ldc, Y, ep)
     case 1: return KD_SKINNY_ROW(1);
     case 2: return KD_SKINNY_ROW(2);
     default: return KD_SKINNY_ROW(4);
@@ -397,8 +386,11 @@ int kd_cu_skinny_pick(int64_t M, int64_t N, int64_t K) {
      * at M = 1 the split-K row form where N is small and K long (o_proj 6.99 vs cuBLAS 9.21
      * and the row form 8.85; the down projection 13.11 vs 15.71), the row form up to
      * K = 4096 otherwise (the input projection 16.19 vs 17.61, gate|up 23.86 vs 24.83, the
-     * head 166.6 vs 172.9). From M = 4 on the larger products, cuBLAS (the split-K form at
-     * M = 4: o_proj 10.5 vs 9.3, down 19.4 vs 15.5). */
+     * head 166.6 vs 172.9). From M = 2 on the larger products, cuBLAS: with a chunk's activation
+     * rows loaded together the row forms came closer (M = 4: o_proj 12.2 / 10.2 for forms 5 / 9
+     * vs 9.3, down 24.3 / 18.9 vs 15.0), but the 48B step still ran slower with any of them
+     * taking the 2-4-row products (cuda_bench KD_BENCH_ROWS_FORM, logs/rows_form_h200_ae1b0d2.log:
+     * B = 2 s = 0 1.970 ms with form 5 vs 1.932, B = 1 s = 3 2.482 vs 1.985). */
     if (M < 1 || M > KD_SKINNY_MAX_M) return 0;
     if (K <= 256) return M == 1 ? 5 : 4;
     if (M == 1 && K >= 4096 && N <= 4096) return 9;
@@ -425,10 +417,6 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
     case 8: return launch_row<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 9: return launch_rowk<2, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 10: return launch_rowk<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
-    case 11: return launch_row<2, 2, false, false, true>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
-    case 12: return launch_row<1, 4, false, false, true>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
-    case 13: return launch_rowk<2, 2, true>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
-    case 14: return launch_rowk<1, 4, true>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -480,7 +468,7 @@ cudaError_t pair_launch(int form, int64_t M, int64_t K, const kd_skinny_job *j0,
     case 6: return launch_row_pair<1, 4>(m, k, *j0, *j1, beta, conv, s);
     case 7: return launch_row_pair<2, 4>(m, k, *j0, *j1, beta, conv, s);
     case 8: return launch_row_pair<4, 2>(m, k, *j0, *j1, beta, conv, s);
-    default: return cudaErrorInvalidValue; /* forms 9-14 are not paired */
+    default: return cudaErrorInvalidValue; /* the split-K row forms (9, 10) are not paired */
     }
 }
 

@@ -13,11 +13,13 @@
 //
 // The row form (M <= 4): each warp takes whole rows of W; a lane loads 16 bytes of a row per
 // 256 keys (a warp reads 512 contiguous bytes of a row at a time), several chunks of one or
-// more rows in flight; products in fp32 on the CUDA cores, warp sums by shuffles. Its
-// split-K variant puts a block's 8 warps on the same few rows (each warp every 8th chunk of
-// a row, the block reads 4 KB of a row at a time), then sums the warps' partials in shared
-// memory in a fixed order: many more warps in flight when N is small and K long (o_proj and
-// the down projection at M = 1).
+// more rows in flight, and a chunk's activation rows (at most 4, from the L1) loaded together
+// before its products (one at a time between them, the products of 2-4 rows waited on each
+// load in turn: o_proj at M = 4 18.9 -> 12.2 us, M = 1 6.9 -> 6.0); products in fp32 on the
+// CUDA cores, warp sums by shuffles. Its split-K variant puts a block's 8 warps on the same
+// few rows (each warp every 8th chunk of a row, the block reads 4 KB of a row at a time), then
+// sums the warps' partials in shared memory in a fixed order: many more warps in flight when
+// N is small and K long (o_proj and the down projection at M = 1).
 //
 // The tensor-core form: a block takes 16 rows of W; its warps split K in 32-wide key blocks
 // and the block adds their 16 x M partial products in shared memory, in a fixed order (the
@@ -36,6 +38,9 @@
 // warp an equal share of row pairs streamed across row boundaries, without the row form's
 // last partial wave): slower for every product of the 48B preset but gate|up on the H200
 // (o_proj 9.15 vs 6.94 us, the head 182 vs 169; tests/bench/results/tried/stream_gemv.patch).
+// And the row forms with the next chunks' weight loads issued before this chunk's products
+// (twice the weight registers): slower at every product and row count measured (input
+// projection M = 1 17.1 vs 15.9 us, M = 4 26.1 vs 22.3; tried/pipelined_gemv.patch).
 #ifndef KD_CUDA_GEMV_CUH
 #define KD_CUDA_GEMV_CUH
 
@@ -77,10 +82,8 @@ cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __n
 // does not take M): 0 the default (by M), 1-4 the tensor-core form (8 warps a block, 4 or 2
 // key blocks in flight, interleaved; 4 warps, 4 contiguous / 2 interleaved), 5-8 the row form
 // for M <= 4 (rows a warp x 16-byte chunks a row in flight: 2x2, 1x4, 2x4, 4x2), 9-10 the
-// split-K row form for M <= 4 (8 warps on 2 or 4 rows, 2 chunks in flight a lane), 11-14 forms
-// 5, 6 and 9 and the split-K row form on 1 row, 4 chunks in flight, with the next chunks' loads
-// issued before this chunks' products.
-#define KD_SKINNY_FORMS 14
+// split-K row form for M <= 4 (8 warps on 2 or 4 rows, 2 chunks in flight a lane).
+#define KD_SKINNY_FORMS 10
 cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                    const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                                    cudaStream_t s);
