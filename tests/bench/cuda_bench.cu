@@ -308,6 +308,32 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
+    if (getenv("KD_BENCH_FUSE")) { /* the fusion masks (kd_cuda_set_fuse) in alternated rounds */
+        static std::vector<int32_t> rec(128, 0);
+        const int masks[] = {KD_CUDA_FUSE_DEFAULT, KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP,
+                             KD_CUDA_FUSE_COPY | KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV_PREP, 0};
+        const int nm = (int)(sizeof masks / sizeof masks[0]);
+        const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}, {1, 1}};
+        for (const auto &pt : pts) {
+            std::vector<std::vector<double>> t((size_t)nm);
+            for (int r = 0; r < 5; r++)
+                for (int i = 0; i < nm; i++) {
+                    kd_cuda_set_fuse(be, masks[i]);
+                    t[(size_t)i].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+                }
+            for (int i = 0; i < nm; i++) {
+                std::sort(t[(size_t)i].begin(), t[(size_t)i].end());
+                printf("fuse: B=%d s=%d mask %d (copy %d conv %d conv+prepare %d) step %.3f ms (median of 5 rounds "
+                       "of 20; default / this %.3f)\n",
+                       pt[0], pt[1], masks[i], !!(masks[i] & KD_CUDA_FUSE_COPY), !!(masks[i] & KD_CUDA_FUSE_CONV),
+                       !!(masks[i] & KD_CUDA_FUSE_CONV_PREP), t[(size_t)i][2], t[0][2] / t[(size_t)i][2]);
+            }
+        }
+        kd_cuda_set_fuse(be, KD_CUDA_FUSE_DEFAULT);
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
     if (getenv("KD_BENCH_ROWS_FORM")) { /* products of 2-4 rows in skinny forms instead of cuBLAS */
         static std::vector<int32_t> rec(128, 0);
         const int forms[] = {0, 5, 6, 7, 8, 9, 10};
