@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
         const int masks[] = {KD_CUDA_FUSE_DEFAULT, KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP,
                              KD_CUDA_FUSE_COPY | KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV_PREP, 0};
         const int nm = (int)(sizeof masks / sizeof masks[0]);
-        const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}, {1, 1}};
+        const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}, {1, 1}, {3, 0}, {4, 0}, {8, 0}, {2, 1}, {2, 3}};
         for (const auto &pt : pts) {
             std::vector<std::vector<double>> t((size_t)nm);
             for (int r = 0; r < 5; r++)
