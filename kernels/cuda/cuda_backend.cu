@@ -74,19 +74,25 @@
 //   much on one stream (1.654 against 1.644 ms in the same process). The same prefetch as a kernel
 //   of its own in the step's stream holds the next kernel until its prefetches land: 2.355 ms at
 //   B = 1 (tests/bench/results/logs/slow_state_probes_h200.log).
-// Two small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either
-// way): where the skinny kernel's row form takes the input projection (one activation row at
-// the 48B preset), the gates' bf16 copy (f_proj.0 | g_proj.0's columns) into its epilogue
-// (kd_cu_gemm_skinny_epi); where the skinny kernel takes f_proj.1 + g_proj.1 (at most 8 rows),
-// the conv into their launch, its blocks first (kd_cu_gemm_skinny_pair_conv: both read only
-// the input projection's output). 48B step on an H200, each in one run: at B = 1 s = 0 1.746 ms
-// with neither, 1.723 the copy alone, 1.718 the conv alone, 1.664 both; at B = 1 s = 3 (4 rows,
-// the conv alone) 2.161 -> 2.067 (tests/bench/results/kimi48b_cuda_h200.md). From 4 rows the
+// Small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either
+// way): where the skinny kernel takes f_proj.1 + g_proj.1 (at most 8 rows) and the conv + prepare
+// kernel below does not run (1-3 rows), the conv into their launch, its blocks first
+// (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). From 4 rows the
 // conv of the q and k channels runs in the KDA prepare's kernel (kd_cu_conv_prepare: q and k
 // never go to memory; the v channels' conv runs alone just before it, 4 channels a thread, so
 // that the verify, which loads v before its programmatic wait, finds it two kernels back;
-// conv_prep_rows). The conv
-// kernels load before their programmatic wait where the order of the step allows it
+// conv_prep_rows). Off by default: where the skinny kernel's row form takes the input projection
+// (one activation row at the 48B preset), the gates' bf16 copy (f_proj.0 | g_proj.0's columns)
+// into its epilogue (kd_cu_gemm_skinny_epi; KD_CUDA_FUSE_COPY), and from 4 rows the v channels'
+// conv in f_proj.1 + g_proj.1's launch. 48B steps on an H200 (cuda_bench KD_BENCH_FUSE: masks in
+// alternated rounds in one process, medians; tests/bench/results/logs/fuse_h200_d66c1ea.log):
+// B = 1 s = 0 1.638 ms with all three, 1.627 without the copy, 1.641 with the conv + prepare
+// alone (the copy paid at 5af4162, one run each: 1.672 against 1.701 with no fusion, before the
+// MLP RMSNorm's prefetch and the row forms' activation loads); the v channels' conv alone
+// instead of in the pair's launch at 4-8 rows: B = 1 s = 3 1.972 -> 1.947, B = 4 s = 0 2.172 ->
+// 2.135, B = 8 s = 0 2.289 -> 2.250, B = 2 s = 1 1.977 -> 1.964, B = 2 s = 3 2.048 -> 2.041; the
+// conv in the pair's launch at 2 rows: B = 2 s = 0 1.920 against 1.971 apart. The conv kernels
+// load before their programmatic wait where the order of the step allows it
 // (kd_cu_conv_args.early: f_proj.1 + g_proj.1 between them and the input projection, the
 // windows folded before the first layer).
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
@@ -1004,7 +1010,8 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         ca.early = (early || (side && folds_before)) && VD > 0;
         /* the conv in the f/g products' launch where the skinny kernel takes them (both read only
          * the input projection's output; a per-layer conv fold would have to run between) */
-        const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !(sk & KD_CUDA_SKIP_CONV) && !(nvf && !fold_first);
+        const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !conv_prep && !(sk & KD_CUDA_SKIP_CONV) &&
+                               !(nvf && !fold_first);
         bool conv_done = false;
         if (!(sk & KD_CUDA_SKIP_FG_PROJ) && !side &&
             gemm_pair(cb, N, V, fa, flda, Ly->f1, V, HV * K, cb->graw, HV * K, act_at(cb, (void *)fa, V), flda, Ly->g1,

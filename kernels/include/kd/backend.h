@@ -256,9 +256,10 @@ int kd_cuda_set_lt(kd_backend *b, int mode);
 /* Neighbouring kernels run as one: where the skinny GEMM's row form takes the products (few
  * activation rows), KD_CUDA_FUSE_COPY, the gates' bf16 copy in the input projection's
  * epilogue, and KD_CUDA_FUSE_CONV, the conv and f_proj.1 + g_proj.1 in one launch (each block
- * one or the other); KD_CUDA_FUSE_CONV_PREP, the conv of the q and k channels and the KDA
- * prepare in one kernel (K a multiple of 4 up to 128, a conv of width 4; the v channels' conv
- * then runs alone, or in f_proj.1 + g_proj.1's launch). Else each its own kernel. The same
+ * one or the other) where the next does not run; KD_CUDA_FUSE_CONV_PREP, the conv of the q and
+ * k channels and the KDA prepare in one kernel (by row count, kd_cuda_set_conv_prep; K a
+ * multiple of 4 up to 128, a conv of width 4; the v channels' conv then runs alone just before
+ * it). Else each its own kernel. The same
  * bits either way (cuda_test compares them); drops the captured graphs; -1 for an unknown
  * bit. Benchmarks and tests. */
 enum {
@@ -266,7 +267,8 @@ enum {
     KD_CUDA_FUSE_CONV = 2,
     KD_CUDA_FUSE_CONV_PREP = 4,
     KD_CUDA_FUSE_ALL = 7,
-    KD_CUDA_FUSE_DEFAULT = KD_CUDA_FUSE_ALL
+    /* the copy stays apart (measured faster so on an H200: kernels/cuda/cuda_backend.cu) */
+    KD_CUDA_FUSE_DEFAULT = KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP
 };
 int kd_cuda_set_fuse(kd_backend *b, int mask);
 /* The conv + prepare kernel (KD_CUDA_FUSE_CONV_PREP) at every row count where it applies
