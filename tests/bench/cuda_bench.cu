@@ -12,6 +12,9 @@
 //   KD_BENCH_GNPF=1 cuda_bench ...: only steps of 1-2 requests, the L2 prefetch's mode 4 (blocks of
 //   the gated and MLP RMSNorms' launches) by bytes and blocks against none, alternated over 5 rounds, then the
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
+//   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
+//   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
+//   rows in each row form of the skinny GEMM against cuBLAS (kd_cuda_set_skinny_rows_form).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -310,8 +313,8 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_FUSE")) { /* the fusion masks (kd_cuda_set_fuse) in alternated rounds */
         static std::vector<int32_t> rec(128, 0);
-        const int masks[] = {KD_CUDA_FUSE_DEFAULT, KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP,
-                             KD_CUDA_FUSE_COPY | KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV_PREP, 0};
+        const int masks[] = {KD_CUDA_FUSE_DEFAULT, KD_CUDA_FUSE_ALL, KD_CUDA_FUSE_COPY | KD_CUDA_FUSE_CONV,
+                             KD_CUDA_FUSE_CONV, KD_CUDA_FUSE_CONV_PREP, 0};
         const int nm = (int)(sizeof masks / sizeof masks[0]);
         const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}, {1, 1}, {3, 0}, {4, 0}, {8, 0}, {2, 1}, {2, 3}};
         for (const auto &pt : pts) {

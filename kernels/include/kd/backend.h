@@ -255,13 +255,13 @@ int kd_cuda_set_fold_layers(kd_backend *b, int on);
 int kd_cuda_set_lt(kd_backend *b, int mode);
 /* Neighbouring kernels run as one: where the skinny GEMM's row form takes the products (few
  * activation rows), KD_CUDA_FUSE_COPY, the gates' bf16 copy in the input projection's
- * epilogue, and KD_CUDA_FUSE_CONV, the conv and f_proj.1 + g_proj.1 in one launch (each block
- * one or the other) where the next does not run; KD_CUDA_FUSE_CONV_PREP, the conv of the q and
- * k channels and the KDA prepare in one kernel (by row count, kd_cuda_set_conv_prep; K a
- * multiple of 4 up to 128, a conv of width 4; the v channels' conv then runs alone just before
- * it). Else each its own kernel. The same
- * bits either way (cuda_test compares them); drops the captured graphs; -1 for an unknown
- * bit. Benchmarks and tests. */
+ * epilogue (off by default), and KD_CUDA_FUSE_CONV, the conv and f_proj.1 + g_proj.1 in one
+ * launch (each block one or the other) where the kernel of KD_CUDA_FUSE_CONV_PREP does not run:
+ * the conv of the q and k channels and the KDA prepare in one kernel (by row count,
+ * kd_cuda_set_conv_prep; K a multiple of 4 up to 128, a conv of width 4; the v channels' conv
+ * then runs alone just before it). Else each its own kernel. The same bits either way
+ * (cuda_test compares them); drops the captured graphs; -1 for an unknown bit. Benchmarks and
+ * tests. */
 enum {
     KD_CUDA_FUSE_COPY = 1,
     KD_CUDA_FUSE_CONV = 2,
