@@ -201,7 +201,7 @@ struct cu_backend {
     // CUDA graphs of decode steps (forward_sample on verify-only batches)
     int graphs;
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
-    int rows_form; // kd_cuda_set_skinny_rows_form: the skinny form for 2-4 rows where cuBLAS takes them (0: none)
+    int rows_form; // kd_cuda_set_skinny_rows_form: 2-4 rows, K > 256 (0: the pick, -1: cuBLAS, or a form)
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
@@ -705,7 +705,8 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
     if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
         return kd_fail(err, "cuda backend: GEMM %s too large", what);
     int form = cb->bf16 && cb->skinny ? kd_cu_skinny_pick(M, N, K) : 0;
-    if (!form && cb->bf16 && cb->skinny && cb->rows_form && M >= 2 && M <= 4 && K > 256) form = cb->rows_form;
+    if (cb->bf16 && cb->skinny && cb->rows_form && M >= 2 && M <= 4 && K > 256)
+        form = cb->rows_form < 0 ? 0 : cb->rows_form;
     if (form && kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M)) {
         const cudaError_t e =
             ep ? kd_cu_gemm_skinny_epi(form, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb,
@@ -1395,7 +1396,7 @@ extern "C" int kd_cuda_set_pair(kd_backend *b, int on) { return set_switch(b, &c
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) { return set_switch(b, &cu_backend::skinny, on); }
 
 extern "C" int kd_cuda_set_skinny_rows_form(kd_backend *b, int form) {
-    if (form < 0 || form > KD_SKINNY_FORMS) return -1;
+    if (form < -1 || form > KD_SKINNY_FORMS) return -1;
     cu_backend *cb = regraph(b);
     if (!cb) return -1;
     cb->rows_form = form;

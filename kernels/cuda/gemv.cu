@@ -25,6 +25,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The two mma of 16 keys held as 16 bytes a lane: A's rows g and g + 8 in lo and hi, B's column
+// g in b (physical keys 8q .. 8q + 3, then 8q + 4 .. 8q + 7, as the fragments' 2q, 2q + 1,
+// 2q + 8, 2q + 9: the same permutation for both operands).
+__device__ __forceinline__ void mma_16keys(float (&c)[4], uint4 lo, uint4 hi, uint4 b) {
+    mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+    mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+}
+
 __device__ __forceinline__ void store_c(float *c, float sum, float beta) { *c = beta != 0.f ? sum + beta * *c : sum; }
 
 // ---- the tensor-core form: a block of NW warps takes 16 rows of W, its warps split K in
@@ -67,10 +75,7 @@ __device__ __forceinline__ void tc_body(int bx, int M, int N, int KB, const __nv
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                mma_bf16(acc[nt], wa[u].x, wb[u].x, wa[u].y, wb[u].y, x[u][nt].x, x[u][nt].y);
-                mma_bf16(acc[nt], wa[u].z, wb[u].z, wa[u].w, wb[u].w, x[u][nt].z, x[u][nt].w);
-            }
+            for (int nt = 0; nt < NT; nt++) mma_16keys(acc[nt], wa[u], wb[u], x[u][nt]);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int kb = kb0 + (U + u) * step;
@@ -315,6 +320,120 @@ cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda
     }
 }
 
+// ---- the segment-diagonal tensor-core row form (M <= 4): a warp takes pairs of rows of W and
+// reads them as the row form does, 256 contiguous bytes of each row of a pair an instruction
+// (lane l: row l / 16, keys 8 (l % 16) .. of the 128-key step), and feeds them to mma
+// m16n8k16 as its B operand: column n = 4 rr + s holds row rr's segment s (32 keys) of the
+// step, lane (g, q) keys 8q .. 8q + 7 (the keys' order inside an mma is the same permutation
+// for A and B, as in the tensor-core form). The A operand's row i = 4 m + s holds activation
+// row m's segment s, so C[i][n] is a segment's partial sum where s(i) == s(n) (a quarter of
+// the 16 x 8 products: the tensor cores have room to spare), and the 4 segments of (m, rr)
+// are added by shuffles at the end. Per 16 bytes of W a lane issues 2 mma (of the same 16
+// keys) and half an activation load, instead of 8 M fp32 multiply-adds on the CUDA cores.
+// SPLIT: the block's 8 warps share its RP pairs (warp w: steps w, w + 8, ...), their sums
+// added in shared memory in a fixed order; otherwise a warp takes RP pairs whole. U steps in
+// flight; a segment past K is read as zeros (K % 32 == 0).
+// MINB (__launch_bounds__'s blocks an SM) steers ptxas's register budget, and both forms were
+// measured sensitive to it on the H200 (tests/bench/results/logs/gemm_seg_h200_tried*.log): the
+// whole-row form with 1 takes 80 registers and overlaps the next steps' weight loads with the
+// products (M = 4: input projection 15.6 us, gate|up 23.2), with no minimum 64 (18.7, 28.1);
+// the split form with 5 takes 48, so that o_proj's 576 blocks fit in one wave (7.4 us; with
+// 52 registers, 4 blocks an SM, 9.4).
+template <int RP, int U, bool SPLIT, int MINB>
+__global__ void __launch_bounds__(256, MINB) skinny_seg_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
+                                                               const __nv_bfloat16 *W, int64_t ldw, float beta,
+                                                               float *C, int64_t ldc) {
+    __shared__ float red[SPLIT ? 8 : 1][RP][4][2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int64_t r0 = SPLIT ? (int64_t)blockIdx.x * 2 * RP : ((int64_t)blockIdx.x * 8 + warp) * 2 * RP;
+    const int ks = (K + 127) / 128, first = SPLIT ? warp : 0, step = SPLIT ? 8 : 1;
+    const int koff = (g % 4) * 32 + q * 8; /* this lane's keys in a step, for W and A alike */
+    const int ma = g / 4, mb = g / 4 + 2;  /* the activation rows of this lane's A rows g, g + 8 */
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4 w[RP][U];
+    auto load = [&](int j0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u * step, k = j * 128 + koff;
+#pragma unroll
+            for (int p = 0; p < RP; p++) {
+                const int64_t r = r0 + 2 * p + lane / 16;
+                w[p][u] = j < ks && k < K && r < N ? ld_weights(W + r * ldw + k) : zero;
+            }
+        }
+    };
+    float acc[RP][4];
+#pragma unroll
+    for (int p = 0; p < RP; p++) acc[p][0] = acc[p][1] = acc[p][2] = acc[p][3] = 0.f;
+    load(first);
+    kd_dep_start(); /* A and C come from the kernels before; the weights are never written */
+    for (int j0 = first; j0 < ks; j0 += U * step) {
+        uint4 xa[U], xb[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u * step, k = j * 128 + koff;
+            const bool in = j < ks && k < K;
+            xa[u] = in && ma < M ? __ldg((const uint4 *)(A + ma * lda + k)) : zero;
+            xb[u] = in && mb < M ? __ldg((const uint4 *)(A + mb * lda + k)) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int p = 0; p < RP; p++) mma_16keys(acc[p], xa[u], xb[u], w[p][u]);
+        load(j0 + U * step);
+    }
+    /* acc[p]: C[i][n] at (i, n) = (g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1); s(i) = g % 4,
+     * s(n) = n % 4, rr = n / 4 = q / 2. Kept where s(i) == s(n): t = g % 4 - 2 (q % 2) in {0, 1}. */
+    const int t = (g % 4) - 2 * (q % 2);
+    const bool keep = t == 0 || t == 1;
+    float v[RP][2];
+#pragma unroll
+    for (int p = 0; p < RP; p++) {
+        v[p][0] = keep ? (t ? acc[p][1] : acc[p][0]) : 0.f; /* activation row g / 4 */
+        v[p][1] = keep ? (t ? acc[p][3] : acc[p][2]) : 0.f; /* activation row g / 4 + 2 */
+#pragma unroll
+        for (int o : {1, 4, 8}) /* the lanes of one (g / 4, q / 2): bits 0, 2, 3 of the lane */
+#pragma unroll
+            for (int h = 0; h < 2; h++) v[p][h] += __shfl_xor_sync(0xffffffffu, v[p][h], o);
+    }
+    /* lane 16 a + 2 rr (a = g / 4, rr = q / 2) holds rows m = a, a + 2 of W row r0 + 2p + rr */
+    const bool owner = (lane & 13) == 0;
+    const int a = lane / 16, rr = (lane / 2) % 2;
+    if (SPLIT) {
+#pragma unroll
+        for (int p = 0; p < RP; p++)
+            if (owner) red[warp][p][a][rr] = v[p][0], red[warp][p][a + 2][rr] = v[p][1];
+        __syncthreads();
+        if (threadIdx.x < RP * 8) {
+            const int p = threadIdx.x / 8, m = (threadIdx.x / 2) % 4, r = threadIdx.x % 2;
+            const int64_t n = r0 + 2 * p + r;
+            if (m < M && n < N) {
+                float sum = 0.f;
+#pragma unroll
+                for (int x = 0; x < 8; x++) sum += red[x][p][m][r];
+                store_c(C + m * ldc + n, sum, beta);
+            }
+        }
+    } else if (owner) {
+#pragma unroll
+        for (int p = 0; p < RP; p++) {
+            const int64_t n = r0 + 2 * p + rr;
+            if (n >= N) continue;
+            if (a < M) store_c(C + a * ldc + n, v[p][0], beta);
+            if (a + 2 < M) store_c(C + (a + 2) * ldc + n, v[p][1], beta);
+        }
+    }
+}
+
+template <int RP, int U, bool SPLIT, int MINB>
+cudaError_t launch_seg(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
+                       float beta, float *C, int64_t ldc, cudaStream_t s) {
+    const int64_t rows = SPLIT ? 2 * RP : 16 * RP; /* rows a block */
+    const dim3 grid((unsigned)((n + rows - 1) / rows)), block(256);
+    return kd_launch_dep(skinny_seg_kernel<RP, U, SPLIT, MINB>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C,
+                         ldc);
+}
+
 template <int RW, int U, bool SWIGLU = false, bool COPY = false>
 cudaError_t launch_row(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
                        float beta, float *C, int64_t ldc, cudaStream_t s, __nv_bfloat16 *Y = nullptr,
@@ -383,18 +502,19 @@ int kd_cu_skinny_pick(int64_t M, int64_t N, int64_t K) {
      * with the weights out of L2, cuBLAS's nvjet kernels already stream the large products at
      * 3.2-4.3 TB/s; the skinny kernel wins where they cannot fill the machine or a row's
      * loads: K <= 256 (f_proj.1 / g_proj.1 at 48B: 1.68-2.58 vs 2.77-2.85 us at M = 1..32);
-     * at M = 1 the split-K row form where N is small and K long (o_proj 6.99 vs cuBLAS 9.21
-     * and the row form 8.85; the down projection 13.11 vs 15.71), the row form up to
-     * K = 4096 otherwise (the input projection 16.19 vs 17.61, gate|up 23.86 vs 24.83, the
-     * head 166.6 vs 172.9). From M = 2 on the larger products, cuBLAS: with a chunk's activation
-     * rows loaded together the row forms came closer (M = 4: o_proj 12.2 / 10.2 for forms 5 / 9
-     * vs 9.3, down 24.3 / 18.9 vs 15.0), but the 48B step still ran slower with any of them
-     * taking the 2-4-row products (cuda_bench KD_BENCH_ROWS_FORM, logs/rows_form_h200_ae1b0d2.log:
-     * B = 2 s = 0 1.970 ms with form 5 vs 1.932, B = 1 s = 3 2.482 vs 1.985). */
+     * at M = 1 the split-K row form where N is small and K long (o_proj 5.99 vs cuBLAS 9.28;
+     * the down projection 12.85 vs 14.88), the row form up to K = 4096 otherwise (the input
+     * projection 15.6 vs 17.4, gate|up 23.0 vs 24.4, the head 166.5 vs 171.9). At M = 2-4 the
+     * segment-diagonal tensor-core forms: their cost hardly grows with M, where the row forms'
+     * CUDA-core products do (M = 4 on the H200, forms 11 / 12 against cuBLAS: the input
+     * projection 15.6 vs 17.5 us, gate|up 23.2 vs 24.5, the head 172.6 vs 173.4, o_proj 7.4 vs
+     * 9.2 (form 12, split K), the down projection 13.7 vs 15.0;
+     * logs/gemm_seg_h200_tried*.log). */
     if (M < 1 || M > KD_SKINNY_MAX_M) return 0;
     if (K <= 256) return M == 1 ? 5 : 4;
     if (M == 1 && K >= 4096 && N <= 4096) return 9;
     if (M == 1 && K <= 4096) return 5;
+    if (M >= 2 && M <= 4) return N <= 4096 && K >= 4096 ? 12 : 11;
     return 0;
 }
 
@@ -417,6 +537,8 @@ cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, co
     case 8: return launch_row<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 9: return launch_rowk<2, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     case 10: return launch_rowk<4, 2>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 11: return launch_seg<2, 2, false, 1>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
+    case 12: return launch_seg<2, 2, true, 5>(m, n, k, A, lda, W, ldw, beta, C, ldc, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -29,6 +29,17 @@
 // the 16 keys of each mma for W and for A (physical 8q..8q+3 as the fragment's 2q, 2q + 1,
 // 2q + 8, 2q + 9) needs no shuffles. Bytes: W once, A once per 16 rows of W (from L2).
 //
+// The segment-diagonal tensor-core form (M <= 4): a warp reads two rows of W as the row form
+// reads one, 256 contiguous bytes of each an instruction, and multiplies them on the tensor
+// cores: mma m16n8k16 with W as the B operand, column 4 r + s holding segment s (32 keys) of
+// row r, and activation row m's segment s as A's row 4 m + s; the products where the
+// segments match are the partial sums, added by shuffles at the end. A lane's 16 bytes of W
+// cost 2 mma and half an activation load whatever M is, where the row form's fp32 products
+// grow with M (at M = 4 on the H200: the input projection 15.6 us against the row form's 22.4
+// and cuBLAS's 17.5). Its split-K variant (form 12) puts a block's 8 warps on two row pairs
+// (N small, K long: o_proj and the down projection, 7.4 and 13.7 us against cuBLAS's 9.2 and
+// 15.0).
+//
 // Two fusions ride on the row form: kd_cu_gemm_skinny_epi writes bf16 copies of some of C's
 // columns as it stores them (the next kernel's input, instead of a copy kernel), and
 // kd_cu_gemm_skinny_pair_conv runs the KDA conv (conv.cuh) in the first blocks of a pair's
@@ -82,8 +93,10 @@ cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __n
 // does not take M): 0 the default (by M), 1-4 the tensor-core form (8 warps a block, 4 or 2
 // key blocks in flight, interleaved; 4 warps, 4 contiguous / 2 interleaved), 5-8 the row form
 // for M <= 4 (rows a warp x 16-byte chunks a row in flight: 2x2, 1x4, 2x4, 4x2), 9-10 the
-// split-K row form for M <= 4 (8 warps on 2 or 4 rows, 2 chunks in flight a lane).
-#define KD_SKINNY_FORMS 10
+// split-K row form for M <= 4 (8 warps on 2 or 4 rows, 2 chunks in flight a lane), 11-12 the
+// segment-diagonal tensor-core form for M <= 4 (a warp on 2 row pairs, 2 steps of 128 keys in
+// flight; 12: split K, the block's 8 warps on 2 row pairs).
+#define KD_SKINNY_FORMS 12
 cudaError_t kd_cu_gemm_skinny_form(int form, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                    const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                                    cudaStream_t s);

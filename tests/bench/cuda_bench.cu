@@ -14,7 +14,7 @@
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
-//   rows in each row form of the skinny GEMM against cuBLAS (kd_cuda_set_skinny_rows_form).
+//   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -337,21 +337,21 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
-    if (getenv("KD_BENCH_ROWS_FORM")) { /* products of 2-4 rows in skinny forms instead of cuBLAS */
+    if (getenv("KD_BENCH_ROWS_FORM")) { /* products of 2-4 rows: the pick, cuBLAS, other skinny forms */
         static std::vector<int32_t> rec(128, 0);
-        const int forms[] = {0, 5, 6, 7, 8, 9, 10};
-        const int pts[][2] = {{1, 3}, {1, 1}, {2, 0}, {4, 0}, {1, 0}};
+        const int forms[] = {0, -1, 11, 12, 5, 9};
+        const int pts[][2] = {{1, 3}, {1, 1}, {2, 0}, {4, 0}, {1, 2}, {3, 0}};
         for (const auto &pt : pts) {
-            std::vector<double> t[7];
+            std::vector<double> t[6];
             for (int r = 0; r < 5; r++)
-                for (int i = 0; i < 7; i++) {
+                for (int i = 0; i < 6; i++) {
                     kd_cuda_set_skinny_rows_form(be, forms[i]);
                     t[i].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
                 }
-            for (int i = 0; i < 7; i++) {
+            for (int i = 0; i < 6; i++) {
                 std::sort(t[i].begin(), t[i].end());
                 printf("rows_form: B=%d s=%d form %2d step %.3f ms (median of 5 rounds of 20; cuBLAS / this %.3f)\n",
-                       pt[0], pt[1], forms[i], t[i][2], t[0][2] / t[i][2]);
+                       pt[0], pt[1], forms[i], t[i][2], t[1][2] / t[i][2]);
             }
         }
         kd_cuda_set_skinny_rows_form(be, 0);

@@ -39,7 +39,22 @@ int main(int argc, char **argv) {
     const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
     printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
 
-    const int Ms[] = {1, 4, 8, 32};
+    std::vector<int> Ms = {1, 4, 8, 32};
+    if (const char *ms = getenv("KD_GEMM_MS")) { /* e.g. "2,3,4": other row counts (printed and recorded alike) */
+        Ms.clear();
+        const char *c = ms;
+        for (;;) {
+            char *end = nullptr;
+            const long v = strtol(c, &end, 10);
+            if (end == c || v < 1 || v > KD_SKINNY_MAX_M || (*end && *end != ',')) {
+                fprintf(stderr, "gemm_bench: KD_GEMM_MS: row counts 1..%d separated by commas\n", KD_SKINNY_MAX_M);
+                return 2;
+            }
+            Ms.push_back((int)v);
+            if (!*end) break;
+            c = end + 1;
+        }
+    }
     const int nforms = KD_SKINNY_FORMS;
     std::string md = "| product | N | K | M | cuBLAS us | cuBLAS GB/s |";
     std::string sep = "|---|---|---|---|---|---|";

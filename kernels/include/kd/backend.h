@@ -238,9 +238,10 @@ int kd_cuda_set_pair(kd_backend *b, int on);
  * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
  * the captured graphs. Benchmarks. */
 int kd_cuda_set_skinny(kd_backend *b, int on);
-/* The products of 2-4 activation rows and more than 256 keys that kd_cu_skinny_pick leaves to
- * cuBLAS go to the skinny kernel's `form` (kernels/cuda/gemv.cuh) instead (0, the default:
- * cuBLAS); drops the captured graphs; -1 for an unknown form. Benchmarks. */
+/* The products of 2-4 activation rows and more than 256 keys (bf16 activations, the skinny
+ * kernel on): 0, the default, as kd_cu_skinny_pick names (kernels/cuda/gemv.cuh: its
+ * segment-diagonal tensor-core forms); -1 cuBLAS; a form of the skinny kernel, that form.
+ * Drops the captured graphs; -1 for an unknown form. Benchmarks. */
 int kd_cuda_set_skinny_rows_form(kd_backend *b, int form);
 /* The verify windows' conv folds of every layer in one launch before the first layer (on by
  * default), or one launch a layer (off): the same copies either way (cuda_test compares the
