@@ -7,7 +7,7 @@
 // products of the 48B preset at 3.2-4.3 TB/s already, but not the small ones (f_proj.1 /
 // g_proj.1, K = 128: 2.8 us for 1 MB; o_proj at 2.1 TB/s); kd_cu_skinny_pick names the
 // shapes where a form of this kernel is faster, and the backend keeps cuBLAS for the rest.
-// Both forms issue their first weight loads before waiting for the kernel before them
+// Every form issues its first weight loads before waiting for the kernel before it
 // (programmatic dependent launch, launch.cuh: the weights are never written, so their
 // stream overlaps the previous kernel's tail).
 //
