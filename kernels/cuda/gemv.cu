@@ -335,8 +335,9 @@ cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda
 // flight; a segment past K is read as zeros (K % 32 == 0).
 // MINB (__launch_bounds__'s blocks an SM) steers ptxas's register budget, and both forms were
 // measured sensitive to it on the H200 (tests/bench/results/logs/gemm_seg_h200_tried*.log): the
-// whole-row form with 1 takes 80 registers and overlaps the next steps' weight loads with the
-// products (M = 4: input projection 15.6 us, gate|up 23.2), with no minimum 64 (18.7, 28.1);
+// whole-row form with 1 takes 80 registers (16 more, likely a second set of weight registers for
+// the next steps' loads; not read in the machine code) and runs the input projection at M = 4 in
+// 15.6 us, gate|up in 23.2, with no minimum 64 (18.7, 28.1);
 // the split form with 5 takes 48, so that o_proj's 576 blocks fit in one wave (7.4 us; with
 // 52 registers, 4 blocks an SM, 9.4).
 template <int RP, int U, bool SPLIT, int MINB>
