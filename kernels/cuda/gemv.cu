@@ -504,7 +504,7 @@ int kd_cu_skinny_pick(int64_t M, int64_t N, int64_t K) {
      * 3.2-4.3 TB/s; the skinny kernel wins where they cannot fill the machine or a row's
      * loads: K <= 256 (f_proj.1 / g_proj.1 at 48B: 1.68-2.58 vs 2.77-2.85 us at M = 1..32);
      * at M = 1 the split-K row form where N is small and K long (o_proj 5.99 vs cuBLAS 9.28;
-     * the down projection 12.85 vs 14.88), the row form up to K = 4096 otherwise (the input
+     * the down projection 12.84 vs 14.88), the row form up to K = 4096 otherwise (the input
      * projection 15.6 vs 17.4, gate|up 23.0 vs 24.4, the head 166.5 vs 171.9). At M = 2-4 the
      * segment-diagonal tensor-core forms: their cost hardly grows with M, where the row forms'
      * CUDA-core products do (M = 4 on the H200, forms 11 / 12 against cuBLAS: the input

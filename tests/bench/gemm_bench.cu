@@ -30,17 +30,9 @@
 static uint64_t g_rng = 0x243f6a8885a308d3ull; /* the weights' and activations' random fill */
 
 int main(int argc, char **argv) {
-    BenchEnv env;
-    if (const int rc = bench_open(argc, argv, 32u << 20, &env); rc >= 0) return rc;
-    const cudaDeviceProp &prop = env.prop;
-    const cudaStream_t st = env.st;
-    const cublasHandle_t blas = env.blas;
-
-    const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
-    printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
-
     std::vector<int> Ms = {1, 4, 8, 32};
-    if (const char *ms = getenv("KD_GEMM_MS")) { /* e.g. "2,3,4": other row counts (printed and recorded alike) */
+    if (const char *ms = getenv("KD_GEMM_MS")) { /* e.g. "2,3,4": other row counts; read first, before
+                                                   * the device is taken */
         Ms.clear();
         const char *c = ms;
         for (;;) {
@@ -55,6 +47,15 @@ int main(int argc, char **argv) {
             c = end + 1;
         }
     }
+    BenchEnv env;
+    if (const int rc = bench_open(argc, argv, 32u << 20, &env); rc >= 0) return rc;
+    const cudaDeviceProp &prop = env.prop;
+    const cudaStream_t st = env.st;
+    const cublasHandle_t blas = env.blas;
+
+    const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
+    printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
+
     const int nforms = KD_SKINNY_FORMS;
     std::string md = "| product | N | K | M | cuBLAS us | cuBLAS GB/s |";
     std::string sep = "|---|---|---|---|---|---|";
