@@ -204,6 +204,7 @@ struct cu_backend {
     int rows_form; // kd_cuda_set_skinny_rows_form: 2-4 rows, K > 256 (0: the pick, -1: cuBLAS, or a form)
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
+    int swiglu;      // gate|up and SwiGLU in one launch where the skinny kernel takes gate|up (kd_cuda_set_swiglu)
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
     int conv_prep;   // the conv + prepare kernel: 0 by rows (conv_prep_rows), 1 at every row count
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
@@ -452,9 +453,9 @@ int cu_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err
                 off += in[i].rows * D;
             }
         }
-        /* gate and up rows interleaved (row 2j gate_j, 2j + 1 up_j): one warp of the skinny row form
-         * holds both and writes SwiGLU's output itself (kd_cu_gemm_skinny_swiglu); kd_cu_swiglu
-         * reads the same layout after cuBLAS */
+        /* gate and up rows interleaved (row 2j gate_j, 2j + 1 up_j): one warp of the skinny row or
+         * segment-diagonal form holds both and writes SwiGLU's output itself
+         * (kd_cu_gemm_skinny_swiglu); kd_cu_swiglu reads the same layout after cuBLAS */
         if (upload_rows(L->w_gu, 0, cb->bf16, &t->gate_proj, FF * D, D, 2 * D, "gate_proj", l, err) ||
             upload_rows(L->w_gu, D, cb->bf16, &t->up_proj, FF * D, D, 2 * D, "up_proj", l, err))
             goto fail;
@@ -692,6 +693,14 @@ bool copy_epi(const cu_backend *cb, int64_t M, int64_t N, int64_t K, const void 
            kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M);
 }
 
+// The skinny kernel's form for a product of the forward (0: cuBLAS): kd_cu_skinny_pick's, or for
+// 2-4 rows and K > 256 kd_cuda_set_skinny_rows_form's where it names one.
+int skinny_form(const cu_backend *cb, int64_t M, int64_t N, int64_t K) {
+    if (!cb->bf16 || !cb->skinny) return 0;
+    if (cb->rows_form && M >= 2 && M <= 4 && K > 256) return cb->rows_form < 0 ? 0 : cb->rows_form;
+    return kd_cu_skinny_pick(M, N, K);
+}
+
 // C[M][N] = A[M][K] B[N][K]^T + beta C (row-major, leading dimensions given; A in the
 // activation type, B in the weight type, C fp32).
 // ep: the copy epilogue (kd_cu_gemm_skinny_epi) where copy_epi said the product takes it.
@@ -704,9 +713,7 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
     cublasHandle_t blas = on_side ? cb->blas_side : cb->blas;
     if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
         return kd_fail(err, "cuda backend: GEMM %s too large", what);
-    int form = cb->bf16 && cb->skinny ? kd_cu_skinny_pick(M, N, K) : 0;
-    if (cb->bf16 && cb->skinny && cb->rows_form && M >= 2 && M <= 4 && K > 256)
-        form = cb->rows_form < 0 ? 0 : cb->rows_form;
+    const int form = skinny_form(cb, M, N, K);
     if (form && kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M)) {
         const cudaError_t e =
             ep ? kd_cu_gemm_skinny_epi(form, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb,
@@ -1056,10 +1063,11 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
                               (const char *)Ly->w_gu + pf_gn, pf_mlp, cb->pf_blocks));
         if (sk & KD_CUDA_SKIP_MLP) {
             /* benchmarks: left out (kd_cuda_set_skip) */
-        } else if (bf && cb->skinny && kd_cu_skinny_pick(N, 2 * FF, D) == 5 &&
-            kd_cu_skinny_ok(N, 2 * FF, D, cb->h, D, Ly->w_gu, D, KD_SKINNY_MAX_M)) { /* gate|up and SwiGLU in one kernel */
-            KDA(kd_cu_gemm_skinny_swiglu(N, FF, D, (const __nv_bfloat16 *)cb->h, D, (const __nv_bfloat16 *)Ly->w_gu, D,
-                                         (__nv_bfloat16 *)cb->act, FF, s));
+        } else if (const int gf = skinny_form(cb, N, 2 * FF, D);
+                   cb->swiglu && (gf == 5 || gf == 11) && N <= 4 &&
+                   kd_cu_skinny_ok(N, 2 * FF, D, cb->h, D, Ly->w_gu, D, KD_SKINNY_MAX_M)) { /* gate|up and SwiGLU */
+            KDA(kd_cu_gemm_skinny_swiglu(gf, N, FF, D, (const __nv_bfloat16 *)cb->h, D, (const __nv_bfloat16 *)Ly->w_gu,
+                                         D, (__nv_bfloat16 *)cb->act, FF, s));
         } else {
             if (gemm(cb, N, 2 * FF, D, cb->h, D, Ly->w_gu, D, 0.f, cb->gu, 2 * FF, "gate|up", err)) return -1;
             KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
@@ -1300,6 +1308,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->skinny = 1;
     cb->fold_layers = 1;
     cb->pair = 1;
+    cb->swiglu = 1;
     cb->fuse = KD_CUDA_FUSE_DEFAULT;
     cb->side_rows = kSideRows;
     const char *what = NULL;
@@ -1392,6 +1401,8 @@ extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
 }
 
 extern "C" int kd_cuda_set_pair(kd_backend *b, int on) { return set_switch(b, &cu_backend::pair, on); }
+
+extern "C" int kd_cuda_set_swiglu(kd_backend *b, int on) { return set_switch(b, &cu_backend::swiglu, on); }
 
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) { return set_switch(b, &cu_backend::skinny, on); }
 

@@ -40,7 +40,8 @@
 //     weights (kd_cuda_set_prefetch, each mode) in every forward against none, and for
 //     f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) against two, and for the gates' bf16
 //     copy in the input projection's epilogue, the conv in f_proj.1 + g_proj.1's launch and the
-//     conv of q and k in the KDA prepare's kernel (kd_cuda_set_fuse) against their own kernels;
+//     conv of q and k in the KDA prepare's kernel (kd_cuda_set_fuse) against their own kernels, and
+//     for gate|up and SwiGLU in one launch (kd_cuda_set_swiglu) against two;
 //     that kernel (kd_cu_conv_prepare, with kd_cu_conv4 for the v channels) also alone against
 //     the conv and kd_kda_prepare, bit for bit, on fresh random inputs of five head shapes.
 //     The skinny kernel's pairs (kd_cu_gemm_skinny_pair), every form that pairs, against
@@ -856,7 +857,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // the second. Variant 11: f_proj.1 and g_proj.1 on the second stream in every forward
 // (kd_cuda_set_side_rows 1) on the first, never on the second. Variant 12: as 2-4 with mode 4 (the
 // prefetch from 3 more blocks of the gated RMSNorm's launch, its first 4 KiB, and of the MLP
-// RMSNorm's, the rest: kd_cuda_set_prefetch_blocks, kd_cuda_set_prefetch_mlp).
+// RMSNorm's, the rest: kd_cuda_set_prefetch_blocks, kd_cuda_set_prefetch_mlp). Variant 13: gate|up
+// and SwiGLU in one launch (kd_cuda_set_swiglu) on the first, SwiGLU in its own kernel on the second.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -884,6 +886,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              (variant < 7 || variant > 10 || kd_cuda_set_fuse(be[i], fuse_masks[variant - 7][i]) == 0) &&
              kd_cuda_set_conv_prep(be[i], variant == 9 || variant == 10) == 0 &&
              (variant != 11 || kd_cuda_set_side_rows(be[i], i == 0 ? 1 : 0) == 0) &&
+             (variant != 13 || kd_cuda_set_swiglu(be[i], i == 0) == 0) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
@@ -896,6 +899,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 9 ? "conv + prepare"
                                             : variant == 10 ? "conv + prepare, v conv + f/g launch"
                                             : variant == 11 ? "f/g on a second stream"
+                                            : variant == 13 ? "gate|up + SwiGLU launch"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
@@ -907,6 +911,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              : variant == 10 ? "bf16, the q and k conv in the prepare's kernel and the v conv in f_proj.1 + "
                                "g_proj.1's launch / the whole conv there"
              : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
+             : variant == 13 ? "bf16, gate|up and SwiGLU in one launch / two"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -1442,7 +1447,7 @@ static void skinny_pair_case(int form, int M, int N0, int N1, int K, float beta,
 
 // kd_cu_gemm_skinny_swiglu against a float64 reference: gate and up rows interleaved in W,
 // Y = bf16(silu(gate) * up) over a NaN-poisoned Y whose padding between rows must stay.
-static void skinny_swiglu_case(int M, int FF, int K, int pad, uint64_t seed) {
+static void skinny_swiglu_case(int form, int M, int FF, int K, int pad, uint64_t seed) {
     Rng r(seed);
     const int64_t lda = K + pad, ldw = K + 8 * (pad > 0), ldy = FF + pad;
     std::vector<uint16_t> a((size_t)M * lda), w((size_t)2 * FF * ldw), y0((size_t)M * ldy, 0x7fc0);
@@ -1453,7 +1458,7 @@ static void skinny_swiglu_case(int M, int FF, int K, int pad, uint64_t seed) {
     cudaError_t e = cudaErrorUnknown;
     std::vector<uint16_t> y(y0.size());
     if (ok) {
-        e = kd_cu_gemm_skinny_swiglu(M, FF, K, (const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw,
+        e = kd_cu_gemm_skinny_swiglu(form, M, FF, K, (const __nv_bfloat16 *)da, lda, (const __nv_bfloat16 *)dw, ldw,
                                      (__nv_bfloat16 *)dy, ldy, 0);
         ok = e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
              cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
@@ -1479,10 +1484,10 @@ static void skinny_swiglu_case(int M, int FF, int K, int pad, uint64_t seed) {
             if (y[(size_t)m * ldy + j] != y0[(size_t)m * ldy + j]) pad_touched++;
     }
     report(ok && bad == 0 && pad_touched == 0,
-           "[skinny gate|up + SwiGLU M=%d FF=%d K=%d lda=%lld ldw=%lld ldy=%lld] %s: worst error %.2f of the "
+           "[skinny gate|up + SwiGLU form %d M=%d FF=%d K=%d lda=%lld ldw=%lld ldy=%lld] %s: worst error %.2f of the "
            "tolerance (%zu over), %zu padding elements touched",
-           M, FF, K, (long long)lda, (long long)ldw, (long long)ldy, ok ? "ran" : cudaGetErrorString(e), worst, bad,
-           pad_touched);
+           form, M, FF, K, (long long)lda, (long long)ldw, (long long)ldy, ok ? "ran" : cudaGetErrorString(e), worst,
+           bad, pad_touched);
     cudaFree(da), cudaFree(dw), cudaFree(dy);
     (void)cudaGetLastError();
 }
@@ -1580,14 +1585,20 @@ static void skinny_checks(uint64_t seed, bool quick) {
                "[skinny GEMM pair with the conv refused: form 9, no conv] %s %s", cudaGetErrorName(e4),
                cudaGetErrorName(e5));
     }
-    const int sw[][4] = {{1, 9216, 2304, 8}, {1, 37, 256, 0}, {3, 100, 512, 8}, {4, 1000, 96, 0}};
+    /* form 0 (1 row: the row form, 2-4: the segment-diagonal form), then each form at every M */
+    const int sw[][4] = {{1, 9216, 2304, 8}, {2, 9216, 2304, 8}, {4, 9216, 2304, 0}, {1, 37, 256, 0},
+                         {3, 100, 512, 8},   {4, 1000, 96, 0},   {2, 33, 160, 8}};
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
-        if (!quick || i < 2) skinny_swiglu_case(sw[i][0], sw[i][1], sw[i][2], sw[i][3], seed + 100 + i);
+        for (int form : {0, 5, 11})
+            if (!quick || (form == 0 && i != 2))
+                skinny_swiglu_case(form, sw[i][0], sw[i][1], sw[i][2], sw[i][3], seed + 100 + 10 * i + form);
     {
-        const cudaError_t e = kd_cu_gemm_skinny_swiglu(5, 64, 256, (const __nv_bfloat16 *)NULL, 256,
-                                                       (const __nv_bfloat16 *)NULL, 256, NULL, 64, 0);
-        report(e == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
-               "[skinny gate|up + SwiGLU refuses M=5] %s", cudaGetErrorName(e));
+        const __nv_bfloat16 *fake = (const __nv_bfloat16 *)(uintptr_t)256;
+        __nv_bfloat16 *fy = (__nv_bfloat16 *)(uintptr_t)256;
+        const cudaError_t e = kd_cu_gemm_skinny_swiglu(0, 5, 64, 256, fake, 256, fake, 256, fy, 64, 0);
+        const cudaError_t e12 = kd_cu_gemm_skinny_swiglu(12, 2, 64, 256, fake, 256, fake, 256, fy, 64, 0);
+        report(e == cudaErrorInvalidValue && e12 == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+               "[skinny gate|up + SwiGLU refuses M=5 and form 12] %s %s", cudaGetErrorName(e), cudaGetErrorName(e12));
     }
     /* refused: too many rows, K not a multiple of 32, a leading dimension not a multiple of 8 */
     const int refused[][5] = {{33, 64, 256, 256, 256}, {4, 64, 100, 100, 100}, {4, 64, 256, 260, 256}};
@@ -1805,6 +1816,8 @@ int main(int argc, char **argv) {
         {"G:D8224", 8224, 1, 1, 1, 32, 32, 4, 1, 64, 97, 0, 0, 0, 0, 0},
         /* an MLP width not a multiple of 4: SwiGLU's one-column kernel (else 4 columns a thread) */
         {"H:I66", 64, 1, 1, 2, 32, 32, 4, 1, 66, 97, 0, 0, 0, 0, 1},
+        /* products of more than 256 keys (bf16): the skinny kernel's segment-diagonal form at 2-4 rows */
+        {"I:D384-V192", 384, 1, 2, 2, 64, 192, 4, 1, 320, 97, 0, 0, 0, 0, 0},
     };
     const kd_commit_mode modes[] = {KD_COMMIT_DEFERRED, KD_COMMIT_EAGER, KD_COMMIT_STORE_ALL};
     if (quick && !strcmp(argv[2], "fused")) { /* the conv + prepare kernel's cases alone (racecheck) */
@@ -1850,6 +1863,7 @@ int main(int argc, char **argv) {
     graph_case(specs[0], seed + 37, quick ? 8 : 30, 11);
     graph_case(specs[quick ? 0 : 1], seed + 39, quick ? 8 : 30, 12);
     if (!quick) graph_case(specs[1], seed + 38, 30, 11);
+    graph_case(specs[8], seed + 40, quick ? 8 : 30, 13);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

@@ -340,10 +340,14 @@ cudaError_t launch_rowk(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda
 // 15.6 us, gate|up in 23.2, with no minimum 64 (18.7, 28.1);
 // the split form with 5 takes 48, so that o_proj's 576 blocks fit in one wave (7.4 us; with
 // 52 registers, 4 blocks an SM, 9.4).
-template <int RP, int U, bool SPLIT, int MINB>
+// SWIGLU (not SPLIT; N even): W's rows interleave gate and up as the row form's (each pair one
+// gate_j, up_j), and the kernel writes Y[m][j] = bf16(silu(gate) * up) (leading dimension ldc)
+// instead of C.
+template <int RP, int U, bool SPLIT, int MINB, bool SWIGLU = false>
 __global__ void __launch_bounds__(256, MINB) skinny_seg_kernel(int M, int N, int K, const __nv_bfloat16 *A, int64_t lda,
                                                                const __nv_bfloat16 *W, int64_t ldw, float beta,
-                                                               float *C, int64_t ldc) {
+                                                               float *C, int64_t ldc, __nv_bfloat16 *Y) {
+    static_assert(!(SPLIT && SWIGLU), "the split form writes C only");
     __shared__ float red[SPLIT ? 8 : 1][RP][4][2];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int64_t r0 = SPLIT ? (int64_t)blockIdx.x * 2 * RP : ((int64_t)blockIdx.x * 8 + warp) * 2 * RP;
@@ -415,6 +419,17 @@ __global__ void __launch_bounds__(256, MINB) skinny_seg_kernel(int M, int N, int
                 store_c(C + m * ldc + n, sum, beta);
             }
         }
+    } else if (SWIGLU) {
+#pragma unroll
+        for (int p = 0; p < RP; p++) {
+            const float u0 = __shfl_down_sync(0xffffffffu, v[p][0], 2), u1 = __shfl_down_sync(0xffffffffu, v[p][1], 2);
+            const int64_t j = r0 / 2 + p; /* lane 16 a: gate_j; lane 16 a + 2: up_j */
+            if (owner && rr == 0 && 2 * j < N) {
+                const float g0 = v[p][0], g1 = v[p][1]; /* silu(g) u as kd_cu_swiglu */
+                if (a < M) Y[a * ldc + j] = __float2bfloat16_rn(g0 * (1.f / (1.f + expf(-g0))) * u0);
+                if (a + 2 < M) Y[(a + 2) * ldc + j] = __float2bfloat16_rn(g1 * (1.f / (1.f + expf(-g1))) * u1);
+            }
+        }
     } else if (owner) {
 #pragma unroll
         for (int p = 0; p < RP; p++) {
@@ -426,13 +441,13 @@ __global__ void __launch_bounds__(256, MINB) skinny_seg_kernel(int M, int N, int
     }
 }
 
-template <int RP, int U, bool SPLIT, int MINB>
+template <int RP, int U, bool SPLIT, int MINB, bool SWIGLU = false>
 cudaError_t launch_seg(int m, int n, int k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *W, int64_t ldw,
-                       float beta, float *C, int64_t ldc, cudaStream_t s) {
+                       float beta, float *C, int64_t ldc, cudaStream_t s, __nv_bfloat16 *Y = nullptr) {
     const int64_t rows = SPLIT ? 2 * RP : 16 * RP; /* rows a block */
     const dim3 grid((unsigned)((n + rows - 1) / rows)), block(256);
-    return kd_launch_dep(skinny_seg_kernel<RP, U, SPLIT, MINB>, grid, block, 0, s, m, n, k, A, lda, W, ldw, beta, C,
-                         ldc);
+    return kd_launch_dep(skinny_seg_kernel<RP, U, SPLIT, MINB, SWIGLU>, grid, block, 0, s, m, n, k, A, lda, W, ldw,
+                         beta, C, ldc, Y);
 }
 
 template <int RW, int U, bool SWIGLU = false, bool COPY = false>
@@ -553,12 +568,18 @@ cudaError_t kd_cu_gemm_skinny_epi(int form, int64_t M, int64_t N, int64_t K, con
     return launch_row<2, 2, false, true>((int)M, (int)N, (int)K, A, lda, W, ldw, beta, C, ldc, s, nullptr, *ep);
 }
 
-cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+cudaError_t kd_cu_gemm_skinny_swiglu(int form, int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                      const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *Y, int64_t ldy,
                                      cudaStream_t s) {
     if (M > 4 || FF < 1 || !kd_cu_skinny_ok(M, 2 * FF, K, A, lda, W, ldw, KD_SKINNY_MAX_M) || ldy < FF || !Y)
         return cudaErrorInvalidValue;
-    return launch_row<2, 2, true>((int)M, (int)(2 * FF), (int)K, A, lda, W, ldw, 0.f, nullptr, ldy, s, Y);
+    if (form == 0) form = M == 1 ? 5 : 11;
+    const int m = (int)M, n = (int)(2 * FF), k = (int)K;
+    switch (form) {
+    case 5: return launch_row<2, 2, true>(m, n, k, A, lda, W, ldw, 0.f, nullptr, ldy, s, Y);
+    case 11: return launch_seg<2, 2, false, 1, true>(m, n, k, A, lda, W, ldw, 0.f, nullptr, ldy, s, Y);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,

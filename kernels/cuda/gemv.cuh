@@ -81,11 +81,12 @@ cudaError_t kd_cu_gemm_skinny(int64_t M, int64_t N, int64_t K, const __nv_bfloat
                               const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc,
                               cudaStream_t s);
 
-// The gate|up product and SwiGLU in one kernel (the row form 5, M <= 4): W [2 FF][K] with gate and
-// up rows interleaved (row 2j gate_j, row 2j + 1 up_j), Y [M][ldy] bf16, Y[m][j] =
-// bf16(silu(gate) * up) of the fp32 sums. cudaErrorInvalidValue where the row form cannot take
-// the shapes (kd_cu_skinny_ok, M > 4).
-cudaError_t kd_cu_gemm_skinny_swiglu(int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+// The gate|up product and SwiGLU in one kernel: W [2 FF][K] with gate and up rows interleaved
+// (row 2j gate_j, row 2j + 1 up_j), Y [M][ldy] bf16, Y[m][j] = bf16(silu(gate) * up) of the fp32
+// sums. form: 5 the row form, 11 the segment-diagonal form (M <= 4 both), 0 by M (1: 5, 2-4: 11).
+// cudaErrorInvalidValue for another form or where the forms cannot take the shapes
+// (kd_cu_skinny_ok, M > 4).
+cudaError_t kd_cu_gemm_skinny_swiglu(int form, int64_t M, int64_t FF, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                      const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *Y, int64_t ldy,
                                      cudaStream_t s);
 

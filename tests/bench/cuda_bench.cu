@@ -14,7 +14,8 @@
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
-//   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form).
+//   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
+//   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -339,22 +340,27 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_ROWS_FORM")) { /* products of 2-4 rows: the pick, cuBLAS, other skinny forms */
         static std::vector<int32_t> rec(128, 0);
-        const int forms[] = {0, -1, 11, 12, 5, 9};
+        /* {rows form, SwiGLU in gate|up's launch}: the default first, then SwiGLU apart, cuBLAS, single forms */
+        const int cfg[][2] = {{0, 1}, {0, 0}, {-1, 1}, {11, 1}, {12, 1}, {5, 1}, {9, 1}};
+        const int nc = (int)(sizeof cfg / sizeof cfg[0]);
         const int pts[][2] = {{1, 3}, {1, 1}, {2, 0}, {4, 0}, {1, 2}, {3, 0}};
         for (const auto &pt : pts) {
-            std::vector<double> t[6];
+            std::vector<double> t[sizeof cfg / sizeof cfg[0]];
             for (int r = 0; r < 5; r++)
-                for (int i = 0; i < 6; i++) {
-                    kd_cuda_set_skinny_rows_form(be, forms[i]);
+                for (int i = 0; i < nc; i++) {
+                    kd_cuda_set_skinny_rows_form(be, cfg[i][0]);
+                    kd_cuda_set_swiglu(be, cfg[i][1]);
                     t[i].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
                 }
-            for (int i = 0; i < 6; i++) {
+            for (int i = 0; i < nc; i++) {
                 std::sort(t[i].begin(), t[i].end());
-                printf("rows_form: B=%d s=%d form %2d step %.3f ms (median of 5 rounds of 20; cuBLAS / this %.3f)\n",
-                       pt[0], pt[1], forms[i], t[i][2], t[1][2] / t[i][2]);
+                printf("rows_form: B=%d s=%d form %2d SwiGLU %s step %.3f ms (median of 5 rounds of 20; cuBLAS / this "
+                       "%.3f)\n",
+                       pt[0], pt[1], cfg[i][0], cfg[i][1] ? "fused" : "apart", t[i][2], t[2][2] / t[i][2]);
             }
         }
         kd_cuda_set_skinny_rows_form(be, 0);
+        kd_cuda_set_swiglu(be, 1);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -234,6 +234,10 @@ int kd_cuda_set_pdl(kd_backend *b, int on);
  * default), or one launch each (off): the same results; drops the captured graphs.
  * Benchmarks and tests. */
 int kd_cuda_set_pair(kd_backend *b, int on);
+/* The gate|up product and SwiGLU in one launch where the skinny kernel's row or
+ * segment-diagonal form takes gate|up (on by default), or SwiGLU in its own kernel after it
+ * (off; the same bits); drops the captured graphs. Benchmarks. */
+int kd_cuda_set_swiglu(kd_backend *b, int on);
 /* The backend's own skinny GEMM kernel for the products of few activation rows where it
  * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
  * the captured graphs. Benchmarks. */
