@@ -51,7 +51,9 @@
 // 1.654 ms, s = 3 2.003 -> 1.989, B = 2 s = 0 1.951 -> 1.944 (8 blocks or 18.8 MB: slower; logs/
 // gnpf_h200.log). 16 more blocks of the MLP RMSNorm's launch (o_proj's dependent) prefetch the next
 // 10 % of the L2 of gate|up's rows (kd_cuda_set_prefetch_mlp): 1.656 -> 1.648, 1.995 -> 1.988, 1.951 ->
-// 1.936 ms (20 % or more: slower; logs/gnpf_mlp_h200.log).
+// 1.936 ms (20 % or more: slower; logs/gnpf_mlp_h200.log); in forwards of at most 2 rows only, since
+// the segment-diagonal forms: B = 1 s = 3 (4 rows) 1.812 ms with it, 1.779 without; B = 1 s = 0
+// 1.622 / 1.636, B = 2 s = 0 1.731 / 1.729 (logs/gnpf_h200_4f478b1.log).
 // Everything runs on one stream by default. Two uses of a second stream are kept as options
 // (benchmarks, tests), off by default because of what they do to the rest of the process: once
 // a forward has run work on a second stream beside the step's kernels, every later step of 3-32
@@ -785,8 +787,13 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
 // against the kernels apart and against the one kernel at every row count): from 4 rows faster
 // than apart (B = 1 s = 3 2.029 vs 2.036 ms, B = 32 s = 0 / 3 3.210 / 3.951 vs 3.235 / 4.168,
 // B = 128 s = 0 / 3 6.306 / 10.465 vs 6.532 / 11.276); at 1 row slower (1.699 against 1.645 ms
-// for the conv in f_proj.1 + g_proj.1's launch and the prepare apart).
-bool conv_prep_rows(int64_t N) { return N >= 4; }
+// for the conv in f_proj.1 + g_proj.1's launch and the prepare apart). Not at 4 rows of verify
+// windows (max_len > 1): since the segment-diagonal forms took the products of 2-4 rows, B = 1
+// s = 3 1.814 -> 1.780 ms and B = 2 s = 1 1.833 -> 1.791 without it, where at 4 rows of single
+// tokens it still pays (B = 4 s = 0 1.947 against 1.958, B = 3 s = 0 in a graph of 4 rows 1.909
+// against 1.943) and at 8 rows of windows (B = 2 s = 3 2.040 against 2.050; cuda_bench
+// KD_BENCH_FUSE, tests/bench/results/logs/fuse_h200_4f478b1.log).
+bool conv_prep_rows(int64_t N, int max_len) { return N >= 4 && !(N == 4 && max_len > 1); }
 
 // Offset of an activation-type pointer by n elements.
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
@@ -940,7 +947,7 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const bool pf4 = prefetch && cb->pf_mode == 4;
     const int64_t pf_gn = pf4 ? (gu_bytes < cb->pf_bytes ? gu_bytes : cb->pf_bytes) & ~(int64_t)15 : 0;
     const int64_t pf_mlp =
-        pf4 ? (gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes) & ~(int64_t)15 : 0;
+        pf4 && N <= 2 ? (gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes) & ~(int64_t)15 : 0;
     if (fold_first)
         KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
                                    cb->lxrec, b->max_window, s));
@@ -1010,7 +1017,8 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         kd_cu_prep_args pa = {(int32_t)cb->H, (int32_t)HV, (int32_t)K, 0, cb->graw, cb->proj + 2 * QK + VD + 2 * V,
                               P, Ly->A_log, Ly->dt_bias, c->use_lower_bound, c->allow_neg_eigval,
                               (float)c->lower_bound, cb->qn, cb->kn, cb->qk, cb->decay, cb->beta};
-        const bool conv_prep = (cb->conv_prep || conv_prep_rows(N)) && (cb->fuse & KD_CUDA_FUSE_CONV_PREP) &&
+        const bool conv_prep = (cb->conv_prep || conv_prep_rows(N, max_len)) &&
+                               (cb->fuse & KD_CUDA_FUSE_CONV_PREP) &&
                                !(sk & (KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE)) && kd_cu_conv_prepare_ok(&ca, &pa);
         kd_cu_conv_args cv = ca;
         if (conv_prep) cv.c0 = 2 * QK;
