@@ -76,18 +76,19 @@
 //   much on one stream (1.654 against 1.644 ms in the same process). The same prefetch as a kernel
 //   of its own in the step's stream holds the next kernel until its prefetches land: 2.355 ms at
 //   B = 1 (tests/bench/results/logs/slow_state_probes_h200.log).
-// Small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either
-// way): where the skinny kernel takes f_proj.1 + g_proj.1 (at most 8 rows) and the conv + prepare
-// kernel below does not run (1-3 rows), the conv into their launch, its blocks first
-// (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). From 4 rows the
-// conv of the q and k channels runs in the KDA prepare's kernel (kd_cu_conv_prepare: q and k
-// never go to memory; the v channels' conv runs alone just before it, 4 channels a thread, so
-// that the verify, which loads v before its programmatic wait, finds it two kernels back;
-// conv_prep_rows). Off by default: where the skinny kernel's row form takes the input projection
-// (one activation row at the 48B preset), the gates' bf16 copy (f_proj.0 | g_proj.0's columns)
-// into its epilogue (kd_cu_gemm_skinny_epi; KD_CUDA_FUSE_COPY), and from 4 rows the v channels'
-// conv in f_proj.1 + g_proj.1's launch. 48B steps on an H200 (cuda_bench KD_BENCH_FUSE: masks in
-// alternated rounds in one process, medians; tests/bench/results/logs/fuse_h200_d66c1ea.log):
+// Small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either way):
+// where the skinny kernel takes f_proj.1 + g_proj.1 (at most 8 rows) and the conv + prepare kernel
+// below does not run (1-3 rows, 4 rows of verify windows), the conv into their launch, its blocks
+// first (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). From 4 rows
+// (but 4 rows of verify windows) the conv of the q and k channels runs in the KDA prepare's kernel
+// (kd_cu_conv_prepare: q and k never go to memory; the v channels' conv runs alone just before it,
+// 4 channels a thread, so that the verify, which loads v before its programmatic wait, finds it two
+// kernels back; conv_prep_rows). Off by default: where the skinny kernel's row form takes the input
+// projection (one activation row at the 48B preset), the gates' bf16 copy (f_proj.0 | g_proj.0's
+// columns) into its epilogue (kd_cu_gemm_skinny_epi; KD_CUDA_FUSE_COPY), and from 4 rows the v
+// channels' conv in f_proj.1 + g_proj.1's launch. 48B steps on an H200 (cuda_bench KD_BENCH_FUSE:
+// masks in alternated rounds in one process, medians;
+// tests/bench/results/logs/fuse_h200_d66c1ea.log):
 // B = 1 s = 0 1.638 ms with all three, 1.627 without the copy, 1.641 with the conv + prepare
 // alone (the copy paid at 5af4162, one run each: 1.672 against 1.701 with no fusion, before the
 // MLP RMSNorm's prefetch and the row forms' activation loads); the v channels' conv alone
