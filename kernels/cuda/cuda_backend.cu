@@ -796,6 +796,10 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
 // KD_BENCH_FUSE, tests/bench/results/logs/fuse_h200_4f478b1.log).
 bool conv_prep_rows(int64_t N, int max_len) { return N >= 4 && !(N == 4 && max_len > 1); }
 
+// The most activation rows (tokens, where the prefetch as a whole counts requests: pf_rows) of a
+// forward in which the MLP RMSNorm's blocks prefetch their share of gate|up (the header says why).
+constexpr int64_t kPfMlpMaxRows = 2;
+
 // Offset of an activation-type pointer by n elements.
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
 
@@ -947,8 +951,8 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const int64_t gu_bytes = 2 * FF * D * (int64_t)cb->wsz;
     const bool pf4 = prefetch && cb->pf_mode == 4;
     const int64_t pf_gn = pf4 ? (gu_bytes < cb->pf_bytes ? gu_bytes : cb->pf_bytes) & ~(int64_t)15 : 0;
-    const int64_t pf_mlp =
-        pf4 && N <= 2 ? (gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes) & ~(int64_t)15 : 0;
+    const int64_t mlp_room = gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes;
+    const int64_t pf_mlp = pf4 && N <= kPfMlpMaxRows ? mlp_room & ~(int64_t)15 : 0;
     if (fold_first)
         KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
                                    cb->lxrec, b->max_window, s));

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <vector>
 
 #define CK(x)                                                                                                          \
@@ -180,7 +181,8 @@ int main() {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, dev));
-    printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, sms, prop.l2CacheSize >> 20);
+    const uint32_t seed = (uint32_t)time(nullptr); /* fresh data each run */
+    printf("device: %s, %d SMs, L2 %d MiB; seed %u\n", prop.name, sms, prop.l2CacheSize >> 20, seed);
     Work w;
     for (int l = 0; l < L; l++) {
         __nv_bfloat16 *p, *q;
@@ -189,9 +191,9 @@ int main() {
         CK(cudaMalloc(&q, (size_t)D * FF * 2));
         CK(cudaMalloc(&s, kStateFloats * 4));
         CK(cudaMalloc(&d, kStateFloats * 4));
-        fill_bf16<<<1024, 256>>>(p, (size_t)2 * FF * D, 11u + l);
-        fill_bf16<<<1024, 256>>>(q, (size_t)D * FF, 101u + l);
-        fill_f32<<<1024, 256>>>(s, kStateFloats, 1001u + l);
+        fill_bf16<<<1024, 256>>>(p, (size_t)2 * FF * D, seed + 11u * l + 1u);
+        fill_bf16<<<1024, 256>>>(q, (size_t)D * FF, seed + 11u * l + 2u);
+        fill_f32<<<1024, 256>>>(s, kStateFloats, seed + 11u * l + 3u);
         CK(cudaMemset(d, 0xff, kStateFloats * 4)); /* poisoned: the checks see what the copies wrote */
         w.wgu.push_back(p), w.wd.push_back(q), w.src.push_back(s), w.dst.push_back(d);
     }
@@ -199,8 +201,8 @@ int main() {
     CK(cudaMalloc(&w.act, (size_t)M * FF * 2));
     CK(cudaMalloc(&w.gu, (size_t)M * 2 * FF * 4));
     CK(cudaMalloc(&w.out, (size_t)M * D * 4));
-    fill_bf16<<<256, 256>>>(w.a, (size_t)M * D, 7u);
-    fill_bf16<<<256, 256>>>(w.act, (size_t)M * FF, 9u);
+    fill_bf16<<<256, 256>>>(w.a, (size_t)M * D, seed + 7u);
+    fill_bf16<<<256, 256>>>(w.act, (size_t)M * FF, seed + 9u);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     cublasHandle_t h;
@@ -240,5 +242,18 @@ int main() {
     CK(cudaStreamSynchronize(a));
     bad += check_copies(w) + check_products(h, w, a);
     printf(bad ? "OVERLAP PROBE: %d MISMATCHES\n" : "OVERLAP PROBE DONE (checks passed)\n", bad);
+    for (int l = 0; l < L; l++) {
+        CK(cudaFree(w.wgu[l]));
+        CK(cudaFree(w.wd[l]));
+        CK(cudaFree(w.src[l]));
+        CK(cudaFree(w.dst[l]));
+    }
+    CK(cudaFree(w.a));
+    CK(cudaFree(w.act));
+    CK(cudaFree(w.gu));
+    CK(cudaFree(w.out));
+    CK(cudaStreamDestroy(a));
+    CK(cudaStreamDestroy(b));
+    CB(cublasDestroy(h));
     return bad ? 1 : 0;
 }
