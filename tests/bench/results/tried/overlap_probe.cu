@@ -5,12 +5,12 @@
 // The question behind it (B = 128 s = 3 of the 48B preset, 512 tokens a step): the weight products are bound by
 // the tensor cores there (2.5 TFLOP a step), the KDA verify by the memory (2 MiB of state a request and layer, read
 // and written). Two half batches as independent forwards on two streams could overlap one half's products with the
-// other half's verify. Stand-ins, per layer: the MLP of 256 activation rows (gate|up [18432][2304], then the down
-// projection [2304][9216], bf16, cuBLAS, fp32 outputs) on one stream; a copy of 64 requests' states (128 MiB, the
-// grid-stride kernel of copy_forms.cu, 4 loads in flight a thread) on the other. L = 20 layers, each its own
-// weights and states (more than the L2). Printed: each alone, both side by side, and the overlap
-// (alone + alone - side by side) / the shorter; medians of 7 after a warm-up. Checks: every copy against its
-// source, sampled outputs of each product against float64 sums on the host.
+// other half's verify. Stand-ins, per layer: the MLP of M activation rows (the first argument, 256 unless
+// given: gate|up [18432][2304], then the down projection [2304][9216], bf16, cuBLAS, fp32 outputs) on one stream;
+// a copy of 64 requests' states (128 MiB, the grid-stride kernel of copy_forms.cu, 4 loads in flight a thread) on
+// the other. L = 20 layers, each its own weights and states (more than the L2). Printed: each alone, both side by
+// side, and the overlap (alone + alone - side by side) / the shorter; medians of 7 after a warm-up. Checks: every
+// copy against its source, sampled outputs of each product against float64 sums on the host.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -40,7 +40,8 @@
         }                                                                                                              \
     } while (0)
 
-constexpr int L = 20, M = 256, D = 2304, FF = 9216, REQ = 64;
+constexpr int L = 20, D = 2304, FF = 9216, REQ = 64;
+static int M = 256; /* activation rows: the first argument, 256 unless given */
 constexpr size_t kStateFloats = (size_t)REQ * 32 * 128 * 128; /* 64 requests x 2 MiB */
 
 template <int U>
@@ -175,7 +176,12 @@ static int check_copies(const Work &w) {
     return bad;
 }
 
-int main() {
+int main(int argc, char **argv) {
+    if (argc > 1) M = atoi(argv[1]);
+    if (M < 1 || M > 4096) {
+        printf("usage: overlap_probe [rows 1-4096]\n");
+        return 2;
+    }
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -214,7 +220,8 @@ int main() {
     const double flop = 2.0 * L * M * ((double)2 * FF * D + (double)D * FF);
     const double bytes = 2.0 * L * kStateFloats * 4;
     int bad = 0;
-    printf("per step: products %.3f TFLOP (weights %.2f GB), state copies %.2f GB (read + write)\n", flop / 1e12,
+    printf("rows %d; per step: products %.3f TFLOP (weights %.2f GB), state copies %.2f GB (read + write)\n", M,
+           flop / 1e12,
            L * 3.0 * FF * D * 2 / 1e9, bytes / 1e9);
     printf("| copy blocks | products alone ms | TFLOP/s | copies alone ms | GB/s | side by side ms | one stream ms | "
            "overlap |\n|---|---|---|---|---|---|---|---|\n");
