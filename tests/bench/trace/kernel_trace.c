@@ -1,10 +1,8 @@
 // kernel_trace.c: a CUPTI injection library that records when each kernel, memory copy and memset
 // of a CUDA program ran on the device, graph nodes included (so the overlap that programmatic
 // dependent launches give inside a replayed graph shows), and writes them as CSV for
-// trace_steps.py. A diagnostic, not built by Bazel (CUPTI is not among the build's
-// dependencies):
-//   gcc -O2 -Wall -Wextra -shared -fPIC -I/usr/local/cuda/include kernel_trace.c
-//       -L/usr/local/cuda/lib64 -lcupti -o libkernel_trace.so   (one line)
+// trace_steps.py: `bazel build //tests/bench/trace:libkernel_trace.so` (or by hand: gcc -O2 -shared
+// -fPIC -I/usr/local/cuda/include kernel_trace.c -L/usr/local/cuda/lib64 -lcupti -o libkernel_trace.so).
 // Use (the driver loads the library and calls InitializeInjection before the first CUDA call):
 //   CUDA_INJECTION64_PATH=/abs/libkernel_trace.so KD_TRACE_OUT=trace.csv KD_BENCH_PROFILE=1,3 cuda_bench ...
 // Records start at cudaProfilerStart and stop at cudaProfilerStop where the program calls them
