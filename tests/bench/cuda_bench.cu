@@ -8,7 +8,8 @@
 // writes OUT_PREFIX.json and OUT_PREFIX.md.
 //   KD_BENCH_PROFILE=B,s cuda_bench ...: only that decode step, graphs on: 3 warm-up steps, then
 //   two between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
-//   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights.
+//   nothing written; with KD_BENCH_PREFETCH=0 also without the L2 prefetch of weights, with
+//   KD_BENCH_SKIP=mask with those kinds of kernel left out (kd_cuda_set_skip; wrong results).
 //   KD_BENCH_GNPF=1 cuda_bench ...: only steps of 1-2 requests, the L2 prefetch's mode 4 (blocks of
 //   the gated and MLP RMSNorms' launches) by bytes and blocks against none, alternated over 5 rounds, then the
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
@@ -480,6 +481,10 @@ int main(int argc, char **argv) {
     int prof_b = -1, prof_s = -1;
     if (const char *pe = getenv("KD_BENCH_PROFILE"))
         if (sscanf(pe, "%d,%d", &prof_b, &prof_s) != 2) return printf("KD_BENCH_PROFILE=B,s\n"), 2;
+    unsigned prof_skip = 0; /* the profiled step with these kinds of kernel left out (kd_cuda_set_skip) */
+    if (const char *ps = getenv("KD_BENCH_SKIP"))
+        if (prof_b < 0 || sscanf(ps, "%u", &prof_skip) != 1 || kd_cuda_set_skip(be, prof_skip) != 0)
+            return printf("KD_BENCH_SKIP=mask (with KD_BENCH_PROFILE; kd_cuda_set_skip's bits)\n"), 2;
     /* The six points, measured in two passes: first every variant that keeps the step on one
      * stream, at every point, then the end-to-end runs (3), then the variants that put work on
      * a second stream (the L2 prefetch in modes 1-3, f_proj.1 / g_proj.1 beside the conv and KDA kernels):
@@ -543,7 +548,7 @@ int main(int argc, char **argv) {
                 kd_cuda_set_skip(be, v >= v_abl && v < v_only ? 1u << (v - v_abl)
                                      : v == v_only        ? kOthers
                                      : v == v_only + 1    ? kProducts
-                                                          : 0u);
+                                                          : prof_skip);
                 kd_cuda_set_graphs(be, graphs);
                 const double t = time_steps(be, Bn, T, VOC, 3, prof_b >= 0 ? 2 : graphs ? 30 : 10, rec, prof_b >= 0);
                 if (t < 0) return -1;
