@@ -859,6 +859,9 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // prefetch from 3 more blocks of the gated RMSNorm's launch, its first 4 KiB, and of the MLP
 // RMSNorm's, the rest: kd_cuda_set_prefetch_blocks, kd_cuda_set_prefetch_mlp). Variant 13: gate|up
 // and SwiGLU in one launch (kd_cuda_set_swiglu) on the first, SwiGLU in its own kernel on the second.
+// Variant 14: the one-pass KDA verify at every batch size (kd_kda_split(3)) on both, its checkpoint
+// stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
+// the first, plain on the second.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -900,6 +903,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 10 ? "conv + prepare, v conv + f/g launch"
                                             : variant == 11 ? "f/g on a second stream"
                                             : variant == 13 ? "gate|up + SwiGLU launch"
+                                            : variant == 14 ? "one-pass verify, store hint"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
@@ -912,11 +916,17 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                "g_proj.1's launch / the whole conv there"
              : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
              : variant == 13 ? "bf16, gate|up and SwiGLU in one launch / two"
+             : variant == 14 ? "bf16, the one-pass verify's checkpoint stores evict-first / plain"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
     }
+    /* variant 14: the backend about to run decides the store hint (graphs capture the kernel it picks) */
+    auto hint = [&](int i) {
+        if (variant == 14) kd_kda_store_hint(i == 0);
+    };
+    if (variant == 14) kd_kda_split(3);
     Rng r(seed + 5);
     // prompts into every slot (eager on both)
     {
@@ -931,7 +941,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         }
         kd_batch b;
         b.n_rows = NS, b.rows = rows.data(), b.tokens = tok.data();
-        for (int i = 0; i < 2; i++) ok = ok && kd_backend_forward(be[i], &b, nullptr, &err) == 0;
+        for (int i = 0; i < 2; i++) hint(i), ok = ok && kd_backend_forward(be[i], &b, nullptr, &err) == 0;
         report(ok, "[%s %s] prompts into %d slots%s%s", tag, s.name, NS, ok ? "" : ": ", ok ? "" : err.msg);
     }
     std::vector<int32_t> last(NS, 1), recorded(NS, 0);
@@ -947,7 +957,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                 kd_batch b;
                 b.n_rows = 1, b.rows = &row, b.tokens = &tk;
                 std::vector<float> lg[2] = {poisoned(s.vocab), poisoned(s.vocab)};
-                for (int j = 0; j < 2 && ok; j++) ok = kd_backend_forward(be[j], &b, lg[j].data(), &err) == 0;
+                for (int j = 0; j < 2 && ok; j++) hint(j), ok = kd_backend_forward(be[j], &b, lg[j].data(), &err) == 0;
                 if (ok) differ += memcmp(lg[0].data(), lg[1].data(), (size_t)s.vocab * 4) != 0;
                 recorded[i] = 1, last[i] = ok ? argmax(lg[1].data(), s.vocab) : 1;
             }
@@ -985,6 +995,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         std::vector<int32_t> t[2], a[2], u[2];
         for (int i = 0; i < 2 && ok; i++) {
             t[i].assign((size_t)k * TW, -1), a[i].assign(k, -1), u[i].assign(k, -1);
+            hint(i);
             ok = kd_backend_forward_sample(be[i], &b, params.data(), uni.data(), t[i].data(), a[i].data(), u[i].data(),
                                            &err) == 0;
         }
@@ -1007,6 +1018,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
             rows_total++;
         }
     }
+    if (variant == 14) kd_kda_store_hint(0), kd_kda_split(1);
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);
     kd_cuda_graph_stats(be[1], &cap1, &rep1);
@@ -1825,7 +1837,8 @@ int main(int argc, char **argv) {
         conv_prep_checks(seed + 37);
         for (int v = 9; v <= 10; v++) graph_case(specs[0], seed + 25 + v, 4, v);
         graph_case(specs[1], seed + 35, 4, 9);
-        printf("%s (%d checks, the conv + prepare cases alone)\n",
+        graph_case(specs[1], seed + 44, 4, 14);
+        printf("%s (%d checks, the conv + prepare cases and the store hint alone)\n",
                g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED", g_checks);
         return g_failed ? 1 : 0;
     }
@@ -1864,6 +1877,7 @@ int main(int argc, char **argv) {
     graph_case(specs[quick ? 0 : 1], seed + 39, quick ? 8 : 30, 12);
     if (!quick) graph_case(specs[1], seed + 38, 30, 11);
     graph_case(specs[8], seed + 40, quick ? 8 : 30, 13);
+    graph_case(specs[1], seed + 44, quick ? 8 : 30, 14);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

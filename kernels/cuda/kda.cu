@@ -671,13 +671,18 @@ __device__ __forceinline__ void tc_load(float (&s)[KT][4], const float *S, int V
         s[kt][0] = x.x, s[kt][1] = y.x, s[kt][2] = x.y, s[kt][3] = y.y;
     }
 }
-template <int KT, int KT0 = 0> /* key tiles [KT0, KT) */
+template <int KT, int KT0 = 0, bool CS = false> /* key tiles [KT0, KT); CS: evict-first stores (st.global.cs) */
 __device__ __forceinline__ void tc_store(const float (&s)[KT][4], float *S, int V, int va, int q) {
 #pragma unroll
     for (int kt = KT0; kt < KT; kt++) {
         float *p = S + (size_t)(kt * 8 + 2 * q) * V + va;
-        *(float2 *)p = make_float2(s[kt][0], s[kt][2]);
-        *(float2 *)(p + V) = make_float2(s[kt][1], s[kt][3]);
+        if constexpr (CS) {
+            __stcs((float2 *)p, make_float2(s[kt][0], s[kt][2]));
+            __stcs((float2 *)(p + V), make_float2(s[kt][1], s[kt][3]));
+        } else {
+            *(float2 *)p = make_float2(s[kt][0], s[kt][2]);
+            *(float2 *)(p + V) = make_float2(s[kt][1], s[kt][3]);
+        }
     }
 }
 
@@ -1374,7 +1379,7 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
-template <int K, int NT>
+template <int K, int NT, bool CS = false>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
     constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
@@ -1482,7 +1487,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (F > 0) {
         if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
+        if (live) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
     cp_async_wait();
     __syncthreads();
@@ -1490,7 +1495,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (F > 0) {
         if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live) tc_store<KT, KT / 2>(s, S, V, j0 + vl, q);
+        if (live) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
     }
     if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
     else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
@@ -1640,11 +1645,12 @@ cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
 }
 
 int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
+int g_store_cs;        /* kd_kda_store_hint */
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    auto f = verify_onepass_kernel<K, NT>;
+    auto f = g_store_cs ? verify_onepass_kernel<K, NT, true> : verify_onepass_kernel<K, NT, false>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -1743,6 +1749,7 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
+extern "C" void kd_kda_store_hint(int on) { g_store_cs = on; }
 
 extern "C" int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream) {
     if (a->n_rows == 0) return 0;

@@ -13,6 +13,8 @@
 //   KD_BENCH_GNPF=1 cuda_bench ...: only steps of 1-2 requests, the L2 prefetch's mode 4 (blocks of
 //   the gated and MLP RMSNorms' launches) by bytes and blocks against none, alternated over 5 rounds, then the
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
+//   KD_BENCH_HINT=1 cuda_bench ...: only steps of 8-128 requests, the one-pass verify's checkpoint stores
+//   evict-first or plain (kd_kda_store_hint), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
@@ -309,6 +311,28 @@ int main(int argc, char **argv) {
             printf("gnpf: B=1 s=0 second stream's prefetch (18.9 MB class, mode 2) step %.3f ms\n", a);
         }
         small("after the second stream's prefetch");
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_HINT")) { /* the one-pass verify's checkpoint stores evict-first or plain, alternated */
+        static std::vector<int32_t> rec(128, 0);
+        const int pts[][2] = {{32, 0}, {32, 3}, {128, 0}, {128, 3}, {8, 0}};
+        for (const auto &pt : pts) {
+            std::vector<double> t[2];
+            for (int r = 0; r < 5; r++)
+                for (int h = 0; h < 2; h++) {
+                    kd_kda_store_hint(h);
+                    kd_cuda_set_fuse(be, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
+                    t[h].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+                }
+            for (int h = 0; h < 2; h++) {
+                std::sort(t[h].begin(), t[h].end());
+                printf("hint: B=%d s=%d stores %s step %.3f ms (median of 5 rounds of 20; plain / this %.3f)\n", pt[0],
+                       pt[1], h ? "evict-first" : "plain", t[h][2], t[0][2] / t[h][2]);
+            }
+        }
+        kd_kda_store_hint(0);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
