@@ -926,7 +926,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     auto hint = [&](int i) {
         if (variant == 14) kd_kda_store_hint(i == 0);
     };
-    if (variant == 14) kd_kda_split(3);
+    int hint0 = 1; /* the process's setting, restored below */
+    if (variant == 14) hint0 = kd_kda_store_hint(1), kd_kda_split(3);
     Rng r(seed + 5);
     // prompts into every slot (eager on both)
     {
@@ -1018,7 +1019,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
             rows_total++;
         }
     }
-    if (variant == 14) kd_kda_store_hint(0), kd_kda_split(1);
+    if (variant == 14) kd_kda_store_hint(hint0), kd_kda_split(1);
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);
     kd_cuda_graph_stats(be[1], &cap1, &rep1);

@@ -1645,7 +1645,12 @@ cudaError_t launch_verify_split(const kd_kda_args *a, cudaStream_t s) {
 }
 
 int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
-int g_store_cs;        /* kd_kda_store_hint */
+/* kd_kda_store_hint: the one-pass verify's checkpoint stores evict-first (st.global.cs), so that its dirty
+ * lines leave the L2 while the verify still streams states, not during the weight products after it
+ * (48B steps on an H200, alternated rounds in one process, plain / evict-first: B = 32 s = 0 3.090 /
+ * 3.051 ms, s = 3 3.829 / 3.773; B = 128 s = 0 6.139 / 6.122, s = 3 10.721 / 10.653; B = 8 2.266 /
+ * 2.253; tests/bench/results/logs/hint_h200_d9b32a0.log) */
+int g_store_cs = 1;
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
@@ -1749,7 +1754,11 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
-extern "C" void kd_kda_store_hint(int on) { g_store_cs = on; }
+extern "C" int kd_kda_store_hint(int on) {
+    const int was = g_store_cs;
+    g_store_cs = on != 0;
+    return was;
+}
 
 extern "C" int kd_kda_commit(const kd_kda_args *a, kd_kda_mode mode, void *stream) {
     if (a->n_rows == 0) return 0;

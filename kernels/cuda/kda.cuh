@@ -139,9 +139,9 @@ int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *str
 // default: its state tile, the fold's corrections and v are in flight before it waits for that
 // kernel, under the contract of kd_kda_pdl below) or in plain stream order (0; benchmarks).
 void kd_kda_onepass_pdl(int on);
-// Benchmarks: the one-pass verify writes the folded checkpoint with evict-first stores (1,
-// st.global.cs) or plain ones (0, the default).
-void kd_kda_store_hint(int on);
+// The one-pass verify writes the folded checkpoint with evict-first stores (1, st.global.cs: the
+// default, see kda.cu) or plain ones (0; benchmarks and tests). Returns the setting it replaces.
+int kd_kda_store_hint(int on);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

@@ -14,7 +14,7 @@
 //   the gated and MLP RMSNorms' launches) by bytes and blocks against none, alternated over 5 rounds, then the
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_HINT=1 cuda_bench ...: only steps of 8-128 requests, the one-pass verify's checkpoint stores
-//   evict-first or plain (kd_kda_store_hint), alternated over 5 rounds (printed only).
+//   plain or evict-first (the default; kd_kda_store_hint), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
@@ -332,7 +332,7 @@ int main(int argc, char **argv) {
                        pt[1], h ? "evict-first" : "plain", t[h][2], t[0][2] / t[h][2]);
             }
         }
-        kd_kda_store_hint(0);
+        kd_kda_store_hint(1);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
