@@ -44,7 +44,9 @@
 //   CUDA cores in plain fp32 instead (1 + F multiply-adds an element for the fold, 2T for the
 //   window, where the 3xTF32 mma spends more instructions on its operand splits than on the
 //   products: at B = 512, T = 1 the kernel had executed twice the eager commit's
-//   instructions; 1.17 -> 1.07 x the copy on an H200).
+//   instructions; 1.17 -> 1.07 x the copy on an H200). It writes the folded checkpoint with
+//   evict-first stores (kd_kda_store_hint): in a 48B step the plain stores' dirty lines were
+//   still leaving the L2 during the weight products after the verify (kda.cu has the figures).
 // - CUDA cores at B <= 2 (below), for the verify and the commit.
 // The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
 // itself) and the commit (commit_tc_kernel, the default above B = 2) use the same
