@@ -51,7 +51,7 @@ if [[ -x $san ]]; then
   "$san" --tool racecheck --error-exitcode 3 "$bin/cuda_test" "$oracle" skinny > "$out/cuda_test_racecheck.log" 2>&1 \
     || { tail -40 "$out/cuda_test_racecheck.log"; exit 3; }
   tail -4 "$out/cuda_test_racecheck.log"
-  # and on the conv + prepare cases
+  # and on the conv + prepare cases and the one-pass verify's store hint (cuda_test's fused mode)
   "$san" --tool racecheck --error-exitcode 3 "$bin/cuda_test" "$oracle" fused \
     > "$out/cuda_test_racecheck_conv.log" 2>&1 || { tail -40 "$out/cuda_test_racecheck_conv.log"; exit 3; }
   tail -4 "$out/cuda_test_racecheck_conv.log"
