@@ -86,8 +86,11 @@ def main():
             r["name"] = short(names.get(r["name"], r["name"]))
         r["key"] = r["name"] if r["kind"] != "kernel" else "%s [%s]" % (r["name"], r["grid"])
     # steps: split at the first record of each graph launch
-    launches = sorted({(min(x["start"] for x in rows if x["corr"] == c and x["graph"]), c)
-                       for c in {x["corr"] for x in rows if x["graph"]}})
+    first = {}  # a graph launch's first record
+    for x in rows:
+        if x["graph"] and x["start"] < first.get(x["corr"], x["start"] + 1):
+            first[x["corr"]] = x["start"]
+    launches = sorted((t, c) for c, t in first.items())
     if not launches:
         print("%s: no graph replays in the trace" % label)
         return 1
