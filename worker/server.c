@@ -3585,6 +3585,17 @@ int kd_serve_main(int argc, char **argv) {
         handoff_expire();
         pthread_mutex_lock(&g_srv.mu);
     }
+    /* Health.Watch streams get their NOT_SERVING before the calls are cancelled: a send still in flight
+     * then is lost, and with nothing running the drain above ends at once (bounded: a watcher that
+     * stopped reading cannot hold the stop) */
+    for (const double t_w = now_s(); now_s() - t_w < 1.0;) {
+        int sending = 0;
+        for (watch_call *w = g_srv.watchers; w; w = w->next) sending |= w->sending;
+        if (!sending) break;
+        pthread_mutex_unlock(&g_srv.mu);
+        usleep(5000);
+        pthread_mutex_lock(&g_srv.mu);
+    }
     if (g_srv.n_prefill > 0) logf_("drain-timeout", "%d Prefill requests cut", g_srv.n_prefill);
     if (g_srv.n_handoffs > 0) logf_("drain-timeout", "%d handoffs not claimed", g_srv.n_handoffs);
     if (g_srv.n_live > 0) {
