@@ -245,7 +245,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 struct Res {
     int B, T;
     double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us, fused_us, split_us, onepass_us, copyk_us,
-        half_us, op_plain_us, pso_us;
+        half_us, op_plain_us, pso_us, op_order_us;
     double floor_us() const { return copy_us < copyk_us ? copy_us : copyk_us; }
 };
 
@@ -415,20 +415,22 @@ int main(int argc, char **argv) {
             const int bf = getenv("KD_KDA_BENCH_FOLD") ? atoi(getenv("KD_KDA_BENCH_FOLD")) : 0;
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, nullptr};
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             /* 0 copy, 1 deferred (default), 2 store-all, 3 commit, 4 deferred and 5 commit on the
              * CUDA-core kernels, 6 the one-kernel tensor-core verify (4 warps, 4 blocks per SM),
              * 7 the split verify, 8 the one-pass verify, 9 the copy kernel, 10 the split verify
              * with half the state through shared memory, 11 the CUDA-core verify in plain stream
              * order (not a programmatic dependent launch), 12 / 13 its tile forced to R = 8 / 4
-             * (B <= 8), 14 the one-pass verify with plain checkpoint stores (kd_kda_store_hint(0)) */
-            for (int what = 0; what < 15; what++) {
+             * (B <= 8), 14 the one-pass verify with plain checkpoint stores (kd_kda_store_hint(0)), 15 the
+             * one-pass verify in plain stream order (kd_kda_onepass_pdl(0)) */
+            for (int what = 0; what < 16; what++) {
                 if (B > 8 && what >= 11 && what <= 13) continue;
                 kd_kda_tensor_cores(what == 4 || what == 5 || (what >= 11 && what <= 13) ? 0 : 1, what == 6 ? 4 : 0);
                 kd_kda_store_hint(what != 14);
+                kd_kda_onepass_pdl(what != 15);
                 kd_kda_force_r(what == 12 ? 8 : what == 13 ? 4 : 0);
                 kd_kda_pdl(what != 11);
-                kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 || what == 14 ? 3 : what == 10 ? 5 : g_split_default);
+                kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 || what >= 14 ? 3 : what == 10 ? 5 : g_split_default);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
                 for (int l = 0; l < L; l++) {
@@ -455,6 +457,7 @@ int main(int argc, char **argv) {
                                  &rr.fused_us, &rr.split_us, &rr.onepass_us, &rr.copyk_us, &rr.half_us};
                 if (what < 11) *dst[what] = us;
                 else if (what == 14) rr.op_plain_us = us;
+                else if (what == 15) rr.op_order_us = us;
                 if (what == 11) rr.pso_us = us;
                 if (what >= 11 && what <= 13) printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T,
                             what == 11 ? "plain stream order" : what == 12 ? "R = 8" : "R = 4", us);
@@ -463,15 +466,16 @@ int main(int argc, char **argv) {
             kd_kda_tensor_cores(1, 0);
             kd_kda_force_r(0);
             kd_kda_store_hint(1);
+            kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
             printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
-                   "one-pass with plain stores %8.2f us, %.2fx; "
+                   "one-pass with plain stores %8.2f us, %.2fx; in plain stream order %8.2f us, %.2fx; "
                    "one kernel %8.2f us, %.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us "
                    "(CUDA cores %8.2f us)\n",
                    B, T, rr.floor_us(), rr.copy_us, rr.copyk_us, rr.def_us, rr.def_us / rr.floor_us(), rr.half_us, rr.split_us, rr.onepass_us, rr.onepass_us / rr.floor_us(),
-                   rr.op_plain_us, rr.op_plain_us / rr.floor_us(),
+                   rr.op_plain_us, rr.op_plain_us / rr.floor_us(), rr.op_order_us, rr.op_order_us / rr.floor_us(),
                    rr.fused_us, rr.fused_us / rr.floor_us(),
                    rr.def_prev_us, rr.def_prev_us / rr.floor_us(), rr.all_us, rr.all_us / rr.floor_us(), rr.commit_us,
                    rr.commit_prev_us);
@@ -499,28 +503,30 @@ int main(int argc, char **argv) {
                 "default dispatch (by size: CUDA cores, one-pass or split); split: the split verify (prologue "
                 "kernel, then the tensor-core verify as its dependent launch); one-pass: the one-pass verify (8 "
                 "warps, state staged in shared memory; its folded checkpoint stored evict-first, the default; the next "
-                "column with plain stores, kd_kda_store_hint(0)); one kernel: the one-kernel tensor-core verify; CUDA cores: the "
+                "column with plain stores, kd_kda_store_hint(0), the next in plain stream order instead of a programmatic "
+                "dependent of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel tensor-core verify; CUDA cores: the "
                 "CUDA-core kernels; in plain stream order: the CUDA-core verify (the default at B <= 2) not a programmatic "
                 "dependent of the kernel before it (in this graph the layer before's verify, whose blocks let the next "
                 "layer's start once past their wait); all from the same run.\n\n"
-                "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy | CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) | one-pass, plain stores (us) | one kernel (us) "
+                "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy | CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) | one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit,
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
     for (size_t i = 0; i < res.size(); i++) {
         const Res &r = res[i];
         fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"cuda_cores_plain_order_us\":%.3f,\"deferred_split_us\":%.3f,\"deferred_split_half_us\":%.3f,"
-                    "\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
+                    "\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
                 i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us, r.pso_us, r.split_us, r.half_us,
-                r.onepass_us, r.op_plain_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us, r.commit_prev_us);
+                r.onepass_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
+                r.commit_prev_us);
         char pso[32] = "-"; /* measured at B <= 8 */
         if (r.pso_us > 0) snprintf(pso, sizeof pso, "%.2f", r.pso_us);
         fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-                    "| %.2f | %.2f |\n", r.B, r.T,
+                    "| %.2f | %.2f | %.2f |\n", r.B, r.T,
                 r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), pso, r.split_us, r.half_us, r.onepass_us,
-                r.op_plain_us, r.fused_us, r.def_prev_us, r.all_us,
+                r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us,
                 r.all_us / r.floor_us(), r.commit_us, r.commit_prev_us);
     }
     fprintf(js, "]}\n");
