@@ -1408,7 +1408,10 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
     cp_async_commit();
     pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
-    if (tid < T) sb[tid] = a.beta[((size_t)row.start + tid) * a.HV + h]; /* read by the solve, barriers later */
+    /* beta, read by the solve (barriers later): loaded now, stored to shared memory after the prologue,
+     * so that its latency overlaps the records' loads instead of coming before them (the first warp's
+     * threads store it; a store right after the load kept that warp, and the block, one load longer) */
+    const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
     // (1) the prologue, in two halves
     const int c = tid % 128;
     const bool act = c < K;
@@ -1466,6 +1469,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
     if (!ccw)
         for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    if (tid < T) sb[tid] = bload;
     cp_async_wait1();
     __syncthreads();
     if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
