@@ -11,6 +11,14 @@
 // copy of the weights (together more than 4 times the L2), median of 15 replays, per launch;
 // its output against cublasGemmEx's (max error relative to the largest magnitude). The
 // backend's pick (kd_cu_lt_pick) is timed in the same way in its own column.
+//
+// KD_LT_SEARCH=1 gemm_lt_bench OUT_PREFIX COMMIT COMMAND: beyond the heuristic's list, every
+// configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck) for the products of more than 256 keys at
+// KD_LT_SEARCH_MS rows (default 16,32,64,128): each algorithm id's tiles x stages x K split 1 / 2 / 4 / 8
+// first (screened: 3 replays), then for the 8 fastest every cluster shape x CTA swizzling x custom
+// option, then the 5 fastest of all timed again as above (15 replays) beside cublasGemmEx and the
+// heuristic's first. Every candidate's output is checked against cublasGemmEx's before it is timed.
+// Writes OUT_PREFIX.json / .md (the best configuration found per product and row count).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -65,6 +73,292 @@ static std::string algo_str(const cublasLtMatmulAlgo_t &a) {
     return b;
 }
 
+// cuBLASLt's view of C^T[N][M] = W[N][K] A[M][K]^T in column-major terms: op(W) = W^T of a K x N
+// matrix (ld K), A a K x M matrix (ld K), C an N x M matrix (ld N).
+struct LtProduct {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t lw = nullptr, la = nullptr, lc = nullptr;
+    LtProduct(int N, int K, int M) {
+        LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
+        LT(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, K, N, K));
+        LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
+        LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+    }
+    LtProduct(const LtProduct &) = delete;
+    LtProduct &operator=(const LtProduct &) = delete;
+    ~LtProduct() {
+        cublasLtMatrixLayoutDestroy(lw), cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(op);
+    }
+};
+
+// A CUDA graph of one launch on each copy of the weights, median of reps replays, per launch (us).
+template <typename F>
+static double time_launches(cudaStream_t st, const BenchBuffers &bb, F launch, int reps) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < bb.L; l++) launch(bb.W[l]);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const double us = time_graph(ge, st, reps) * 1e3 / bb.L;
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return us;
+}
+
+// ------------------------------------------------------------------ KD_LT_SEARCH
+
+// One configuration of cuBLASLt's algorithm descriptor.
+struct LtCfg {
+    int id;
+    uint32_t tile, stages;
+    int32_t splitk;
+    uint32_t red, swz, custom;
+    uint16_t cluster;
+};
+
+static bool lt_cfg_algo(cublasLtHandle_t lt, const LtCfg &c, cublasLtMatmulAlgo_t *a) {
+    if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
+                               c.id, a) != CUBLAS_STATUS_SUCCESS)
+        return false;
+    return cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c.splitk, sizeof c.splitk) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &c.red, sizeof c.red) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c.swz, sizeof c.swz) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &c.custom, sizeof c.custom) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c.cluster,
+                                                sizeof c.cluster) == CUBLAS_STATUS_SUCCESS;
+}
+
+// A capability that is a list (tiles, stages): empty where the algorithm has none.
+static std::vector<uint32_t> lt_cap_list(const cublasLtMatmulAlgo_t &a, cublasLtMatmulAlgoCapAttributes_t at) {
+    size_t n = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&a, at, nullptr, 0, &n) != CUBLAS_STATUS_SUCCESS || n < sizeof(uint32_t))
+        return {};
+    std::vector<uint32_t> v(n / sizeof(uint32_t));
+    if (cublasLtMatmulAlgoCapGetAttribute(&a, at, v.data(), v.size() * sizeof(uint32_t), &n) != CUBLAS_STATUS_SUCCESS)
+        return {};
+    return v;
+}
+template <typename T>
+static T lt_cap(const cublasLtMatmulAlgo_t &a, cublasLtMatmulAlgoCapAttributes_t at) {
+    T x{};
+    size_t n = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&a, at, &x, sizeof x, &n) != CUBLAS_STATUS_SUCCESS) return T{};
+    return x;
+}
+
+static std::string lt_cfg_str(const LtCfg &c) {
+    return bench_fmt("id %d tile %u stages %u splitk %d red %u swz %u custom %u cluster %u", c.id, c.tile, c.stages,
+                     c.splitk, c.red, c.swz, c.custom, (unsigned)c.cluster);
+}
+
+static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int argc, char **argv) {
+    (void)argc;
+    const cudaStream_t st = env.st;
+    const size_t ws_bytes = KD_LT_WORKSPACE;
+    std::vector<int> Ms;
+    {
+        const char *e = getenv("KD_LT_SEARCH_MS");
+        std::string list = e && *e ? e : "16,32,64,128";
+        for (size_t at = 0; at < list.size();) {
+            const int m = atoi(list.c_str() + at);
+            if (m < 1 || m > 512) return fprintf(stderr, "KD_LT_SEARCH_MS: rows in 1..512, comma-separated\n"), 2;
+            Ms.push_back(m);
+            const size_t comma = list.find(',', at);
+            at = comma == std::string::npos ? list.size() : comma + 1;
+        }
+    }
+    const int maxM = *std::max_element(Ms.begin(), Ms.end());
+    int ids[256], nids = 0;
+    LT(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
+                                256, ids, &nids));
+    printf("search: %d algorithm ids\n", nids);
+    std::string md = "| product | N | K | M | cublasGemmEx us | Lt heuristic's first us | best found us | best / "
+                     "cublasGemmEx | best, of copy bandwidth | best configuration | configurations timed |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    char date[64];
+    std::string json = bench_json_head(env.prop.name, date, argv[2], argv[3], copy_bw);
+    bool first = true;
+    int bad = 0;
+    for (const BenchShape &sh : kPresetProducts) {
+        if (sh.K <= 256 || sh.N > 20000) continue; /* the skinny kernel's f/g products; the head is at the copy rate */
+        BenchBuffers bb(sh, maxM, &g_rng);
+        for (int M : Ms) {
+            const float alpha = 1.f, beta = 0.f;
+            const LtProduct pr(sh.N, sh.K, M);
+            cublasLtMatmulDesc_t op = pr.op;
+            cublasLtMatrixLayout_t lw = pr.lw, la = pr.la, lc = pr.lc;
+            std::vector<float> ref((size_t)M * sh.N), got((size_t)M * sh.N);
+            auto time_it = [&](auto launch, int reps) { return time_launches(st, bb, launch, reps); };
+            auto gemmex = [&](const void *w, float *c) {
+                LT(cublasGemmEx(env.blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, M, sh.K, &alpha, w, CUDA_R_16BF, sh.K, bb.A,
+                                CUDA_R_16BF, sh.K, &beta, c, CUDA_R_32F, sh.N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+            };
+            CK(cudaMemsetAsync(bb.Cref, 0xff, (size_t)M * sh.N * 4, st));
+            gemmex(bb.W[0], bb.Cref);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(ref.data(), bb.Cref, ref.size() * 4, cudaMemcpyDeviceToHost));
+            /* a candidate: runs once into C (poisoned first), its output checked, then timed */
+            auto try_cfg = [&](const LtCfg &c, int reps, double *us) {
+                cublasLtMatmulAlgo_t a;
+                cublasLtMatmulHeuristicResult_t chk;
+                if (!lt_cfg_algo(lt, c, &a) || cublasLtMatmulAlgoCheck(lt, op, lw, la, lc, lc, &a, &chk) !=
+                                                   CUBLAS_STATUS_SUCCESS ||
+                    chk.workspaceSize > ws_bytes)
+                    return false;
+                auto run = [&](const void *w) {
+                    return cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, bb.C, lc, bb.C, lc, &a, env.ws,
+                                          ws_bytes, st);
+                };
+                CK(cudaMemsetAsync(bb.C, 0xff, (size_t)M * sh.N * 4, st));
+                if (run(bb.W[0]) != CUBLAS_STATUS_SUCCESS) return false;
+                CK(cudaStreamSynchronize(st));
+                CK(cudaMemcpy(got.data(), bb.C, got.size() * 4, cudaMemcpyDeviceToHost));
+                double mx;
+                const double err = bench_max_error(got, ref, &mx);
+                if (!(err <= 1e-4 * mx)) {
+                    printf("MISMATCH %s M=%d %s: max error %.3g of %.3g\n", sh.name, M, lt_cfg_str(c).c_str(), err, mx);
+                    bad++;
+                    return false;
+                }
+                *us = time_it([&](const void *w) { LT(run(w)); }, reps);
+                return true;
+            };
+            std::vector<std::pair<double, LtCfg>> timed;
+            const int32_t splits[] = {1, 2, 4, 8};
+            for (int i = 0; i < nids; i++) { /* (1) tiles x stages x K splits, default cluster, swizzle, option */
+                cublasLtMatmulAlgo_t a;
+                if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F,
+                                           CUDA_R_32F, ids[i], &a) != CUBLAS_STATUS_SUCCESS)
+                    continue;
+                std::vector<uint32_t> tiles = lt_cap_list(a, CUBLASLT_ALGO_CAP_TILE_IDS),
+                                      stages = lt_cap_list(a, CUBLASLT_ALGO_CAP_STAGES_IDS);
+                if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+                if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+                const int32_t splitk_ok = lt_cap<int32_t>(a, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
+                const uint32_t red_mask = lt_cap<uint32_t>(a, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+                for (uint32_t t : tiles)
+                    for (uint32_t sg : stages)
+                        for (int32_t sk : splits) {
+                            if (sk > 1 && !splitk_ok) continue;
+                            LtCfg c = {ids[i], t, sg, sk, CUBLASLT_REDUCTION_SCHEME_NONE, 0, 0, 0};
+                            const uint32_t reds[] = {CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE,
+                                                     CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
+                                                     CUBLASLT_REDUCTION_SCHEME_INPLACE};
+                            double us;
+                            if (sk == 1) {
+                                if (try_cfg(c, 3, &us)) timed.push_back({us, c});
+                                continue;
+                            }
+                            for (uint32_t r : reds) {
+                                if (!(red_mask & r)) continue;
+                                c.red = r;
+                                if (try_cfg(c, 3, &us)) {
+                                    timed.push_back({us, c});
+                                    break;
+                                }
+                            }
+                        }
+            }
+            const size_t n1 = timed.size();
+            std::sort(timed.begin(), timed.end(), [](const auto &x, const auto &y) { return x.first < y.first; });
+            const size_t top = std::min<size_t>(8, timed.size());
+            for (size_t k = 0; k < top; k++) { /* (2) cluster shapes x swizzling x custom options of the 8 fastest */
+                const LtCfg base = timed[k].second;
+                cublasLtMatmulAlgo_t a;
+                if (!lt_cfg_algo(lt, base, &a)) continue;
+                const uint32_t swz_ok = lt_cap<uint32_t>(a, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT);
+                const int32_t cmax = std::min<int32_t>(7, lt_cap<int32_t>(a, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX));
+                for (uint16_t cl = CUBLASLT_CLUSTER_SHAPE_AUTO; cl <= CUBLASLT_CLUSTER_SHAPE_4x4x1; cl++)
+                    for (uint32_t sw = 0; sw <= (swz_ok ? 1u : 0u); sw++)
+                        for (int32_t cu = 0; cu <= cmax; cu++) {
+                            LtCfg c = base;
+                            c.cluster = cl, c.swz = sw, c.custom = (uint32_t)cu;
+                            if (cl == base.cluster && sw == base.swz && (uint32_t)cu == base.custom) continue;
+                            double us;
+                            if (try_cfg(c, 3, &us)) timed.push_back({us, c});
+                        }
+            }
+            std::sort(timed.begin(), timed.end(), [](const auto &x, const auto &y) { return x.first < y.first; });
+            /* (3) the 5 fastest again, as the main table times, beside cublasGemmEx and the heuristic's first */
+            const double ex_us = time_it([&](const void *w) { gemmex(w, bb.C); }, 15);
+            double h_us = -1;
+            {
+                cublasLtMatmulPreference_t pref;
+                LT(cublasLtMatmulPreferenceCreate(&pref));
+                LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                        sizeof ws_bytes));
+                cublasLtMatmulHeuristicResult_t res;
+                int nres = 0;
+                if (cublasLtMatmulAlgoGetHeuristic(lt, op, lw, la, lc, lc, pref, 1, &res, &nres) ==
+                        CUBLAS_STATUS_SUCCESS &&
+                    nres > 0)
+                    h_us = time_it(
+                        [&](const void *w) {
+                            LT(cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, bb.C, lc, bb.C, lc, &res.algo,
+                                              env.ws, ws_bytes, st));
+                        },
+                        15);
+                cublasLtMatmulPreferenceDestroy(pref);
+            }
+            double best = 1e30;
+            LtCfg best_c = {};
+            for (size_t k = 0; k < std::min<size_t>(5, timed.size()); k++) {
+                double us;
+                if (try_cfg(timed[k].second, 15, &us)) {
+                    printf("search: %s M=%d %8.2f us (screened %8.2f)  %s\n", sh.name, M, us, timed[k].first,
+                           lt_cfg_str(timed[k].second).c_str());
+                    if (us < best) best = us, best_c = timed[k].second;
+                }
+            }
+            printf("search: %-18s N=%6d K=%5d M=%3d gemmEx %8.2f us, Lt first %8.2f, best %8.2f (%s); %zu timed (%zu "
+                   "in the first pass)\n",
+                   sh.name, sh.N, sh.K, M, ex_us, h_us, best, best < 1e30 ? lt_cfg_str(best_c).c_str() : "-",
+                   timed.size(), n1);
+            fflush(stdout);
+            const bool found = best < 1e30;
+            md += bench_fmt("| %s | %d | %d | %d | %.2f | %.2f | %s | %s | %s | %s | %zu |\n",
+                            bench_md_cell(sh.name).c_str(), sh.N, sh.K, M, ex_us, h_us,
+                            found ? bench_fmt("%.2f", best).c_str() : "-",
+                            found ? bench_fmt("%.2f", best / ex_us).c_str() : "-",
+                            found ? bench_fmt("%.0f %%", 100.0 * bb.wbytes / (best * 1e-6) / copy_bw).c_str() : "-",
+                            found ? lt_cfg_str(best_c).c_str() : "-", timed.size());
+            json += bench_fmt("%s    {\"product\": \"%s\", \"N\": %d, \"K\": %d, \"M\": %d, \"gemmex_us\": %.3f, "
+                              "\"lt_first_us\": %.3f, \"best_us\": %.3f, \"best_config\": \"%s\", \"timed\": %zu}",
+                              first ? "" : ",\n", sh.name, sh.N, sh.K, M, ex_us, h_us, found ? best : -1.0,
+                              found ? lt_cfg_str(best_c).c_str() : "-", timed.size());
+            first = false;
+        }
+    }
+    json += "\n  ]\n}\n";
+    const std::string intro = bench_fmt(
+        "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each on its own "
+        "copy of the weights (more than 4 x the L2), per launch. Copy floor in the same run: %.0f GB/s (read + "
+        "write). Searched (KD_LT_SEARCH=1): every cuBLASLt algorithm id's tiles x stages x K split 1 / 2 / 4 / 8 "
+        "(3 replays each), then cluster shapes x CTA swizzling x custom options of the 8 fastest; the 5 fastest "
+        "timed again with 15 replays (median) beside cublasGemmEx and the heuristic's first algorithm. Every "
+        "candidate's output checked against cublasGemmEx's first.\n\n",
+        copy_bw / 1e9);
+    const bool wrote = bench_write_results(argv, env.prop.name, date,
+                                           "cuBLASLt configurations searched for the 48B preset's products", intro,
+                                           json, md);
+    printf(bad ? "GEMM LT SEARCH: %d MISMATCHES\n" : "GEMM LT SEARCH DONE\n", bad);
+    return bad || !wrote ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     const size_t ws_bytes = KD_LT_WORKSPACE;
     BenchEnv env;
@@ -80,6 +374,13 @@ int main(int argc, char **argv) {
 
     const double copy_bw = bench_copy_bandwidth(st); /* the copy floor */
     printf("device: %s; copy floor %.0f GB/s (read + write)\n", prop.name, copy_bw / 1e9);
+    if (getenv("KD_LT_SEARCH")) {
+        const int rc = lt_search(env, lt, copy_bw, argc, argv);
+        kd_cu_lt_destroy(pick);
+        cublasLtDestroy(lt);
+        bench_close(&env);
+        return rc;
+    }
 
     const int Ms[] = {2, 4, 8, 16, 32, 64, 128, 256, 512};
     const int maxM = 512;
@@ -94,23 +395,14 @@ int main(int argc, char **argv) {
     for (const BenchShape &sh : kPresetProducts) {
         BenchBuffers bb(sh, maxM, &g_rng);
         const size_t wbytes = bb.wbytes;
-        const int L = bb.L;
         const std::vector<void *> &W = bb.W;
         void *const A = bb.A;
         float *const C = bb.C, *const Cref = bb.Cref;
         for (int M : Ms) {
             const float alpha = 1.f, beta = 0.f;
-            // cuBLASLt's view of C^T[N][M] = W[N][K] A[M][K]^T in column-major terms: op(W) = W^T
-            // of a K x N matrix (ld K), A a K x M matrix (ld K), C an N x M matrix (ld N)
-            cublasLtMatmulDesc_t op;
-            cublasLtMatrixLayout_t lw, la, lc;
-            LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-            const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
-            LT(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, sh.K, sh.N, sh.K));
-            LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, sh.K, M, sh.K));
-            LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, sh.N, M, sh.N));
+            const LtProduct pr(sh.N, sh.K, M);
+            cublasLtMatmulDesc_t op = pr.op;
+            cublasLtMatrixLayout_t lw = pr.lw, la = pr.la, lc = pr.lc;
             cublasLtMatmulPreference_t pref;
             LT(cublasLtMatmulPreferenceCreate(&pref));
             LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
@@ -155,18 +447,7 @@ int main(int argc, char **argv) {
                 }
                 return true;
             };
-            auto time_it = [&](auto launch) {
-                cudaGraph_t g;
-                cudaGraphExec_t ge;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                for (int l = 0; l < L; l++) launch(W[l]);
-                CK(cudaStreamEndCapture(st, &g));
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                const double us = time_graph(ge, st, 15) * 1e3 / L;
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
-                return us;
-            };
+            auto time_it = [&](auto launch) { return time_launches(st, bb, launch, 15); };
             // cublasGemmEx, the reference output and the baseline
             auto gemmex = [&](const void *w, float *c) {
                 LT(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, M, sh.K, &alpha, w, CUDA_R_16BF, sh.K, A,
@@ -237,8 +518,6 @@ int main(int argc, char **argv) {
             json += buf;
             first = false;
             cublasLtMatmulPreferenceDestroy(pref);
-            cublasLtMatrixLayoutDestroy(lw), cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lc);
-            cublasLtMatmulDescDestroy(op);
         }
     }
     json += "\n  ]\n}\n";
