@@ -14,8 +14,8 @@
 //
 // KD_LT_SEARCH=1 gemm_lt_bench OUT_PREFIX COMMIT COMMAND: beyond the heuristic's list, every
 // configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck) for the products of more than 256 keys at
-// KD_LT_SEARCH_MS rows (default 16,32,64,128): each algorithm id's tiles x stages x K split 1 / 2 / 4 / 8
-// first (screened: 3 replays), then for the 8 fastest every cluster shape x CTA swizzling x custom
+// KD_LT_SEARCH_MS rows (default 32,128): each algorithm id's tiles x stages (only its automatic stage
+// counts where it has any) x K split 1 / 2 / 4 / 8 first (screened: 3 replays), then for the 8 fastest every cluster shape x CTA swizzling x custom
 // option, then the 5 fastest of all timed again as above (15 replays) beside cublasGemmEx and the
 // heuristic's first. Every candidate's output is checked against cublasGemmEx's before it is timed.
 // Writes OUT_PREFIX.json / .md (the best configuration found per product and row count).
@@ -171,7 +171,7 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
     std::vector<int> Ms;
     {
         const char *e = getenv("KD_LT_SEARCH_MS");
-        std::string list = e && *e ? e : "16,32,64,128";
+        std::string list = e && *e ? e : "32,128";
         for (size_t at = 0; at < list.size();) {
             const int m = atoi(list.c_str() + at);
             if (m < 1 || m > 512) return fprintf(stderr, "KD_LT_SEARCH_MS: rows in 1..512, comma-separated\n"), 2;
@@ -248,6 +248,13 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                                       stages = lt_cap_list(a, CUBLASLT_ALGO_CAP_STAGES_IDS);
                 if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
                 if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+                /* where the algorithm has automatic stage counts (8xAUTO and up: the K step fixed, the count
+                 * chosen by cuBLASLt), only those: the fixed counts multiply the search for little */
+                std::vector<uint32_t> autos;
+                for (uint32_t sg : stages)
+                    if (sg >= CUBLASLT_MATMUL_STAGES_8xAUTO && sg < CUBLASLT_MATMUL_STAGES_END) autos.push_back(sg);
+                if (!autos.empty()) stages = autos;
+                const size_t before = timed.size();
                 const int32_t splitk_ok = lt_cap<int32_t>(a, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
                 const uint32_t red_mask = lt_cap<uint32_t>(a, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
                 for (uint32_t t : tiles)
@@ -272,6 +279,9 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                                 }
                             }
                         }
+                if (timed.size() > before)
+                    printf("search: %s M=%d id %d: %zu tiles x %zu stages, %zu ran\n", sh.name, M, ids[i], tiles.size(),
+                           stages.size(), timed.size() - before);
             }
             const size_t n1 = timed.size();
             std::sort(timed.begin(), timed.end(), [](const auto &x, const auto &y) { return x.first < y.first; });
@@ -347,8 +357,8 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
     const std::string intro = bench_fmt(
         "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each on its own "
         "copy of the weights (more than 4 x the L2), per launch. Copy floor in the same run: %.0f GB/s (read + "
-        "write). Searched (KD_LT_SEARCH=1): every cuBLASLt algorithm id's tiles x stages x K split 1 / 2 / 4 / 8 "
-        "(3 replays each), then cluster shapes x CTA swizzling x custom options of the 8 fastest; the 5 fastest "
+        "write). Searched (KD_LT_SEARCH=1): every cuBLASLt algorithm id's tiles x stages (its automatic stage "
+        "counts where it has any) x K split 1 / 2 / 4 / 8 (3 replays each), then cluster shapes x CTA swizzling x custom options of the 8 fastest; the 5 fastest "
         "timed again with 15 replays (median) beside cublasGemmEx and the heuristic's first algorithm. Every "
         "candidate's output checked against cublasGemmEx's first.\n\n",
         copy_bw / 1e9);
