@@ -249,6 +249,35 @@ struct Res {
     double floor_us() const { return copy_us < copyk_us ? copy_us : copyk_us; }
 };
 
+// What the benchmark times at each (B, T), in a graph of L layers, each with its settings (the
+// switches of kda.cuh; split -1: the default form) and where its time goes in Res (sweep: printed only).
+using ResField = double Res::*;
+struct Timed {
+    enum Op { COPY, COPY_KERNEL, VERIFY, STORE_ALL, COMMIT } op;
+    int tc, warps, r, split, pdl, onepass_pdl, hint;
+    bool small_only; /* B <= 8 */
+    ResField dst;
+    const char *sweep;
+};
+static const Timed kTimed[] = {
+    {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
+    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, &Res::def_us, nullptr},          /* the default */
+    {Timed::STORE_ALL, 1, 0, 0, -1, 1, 1, 1, false, &Res::all_us, nullptr},
+    {Timed::COMMIT, 1, 0, 0, -1, 1, 1, 1, false, &Res::commit_us, nullptr},
+    {Timed::VERIFY, 0, 0, 0, -1, 1, 1, 1, false, &Res::def_prev_us, nullptr},     /* the CUDA-core kernels */
+    {Timed::COMMIT, 0, 0, 0, -1, 1, 1, 1, false, &Res::commit_prev_us, nullptr},
+    {Timed::VERIFY, 1, 4, 0, 0, 1, 1, 1, false, &Res::fused_us, nullptr},         /* one-kernel tensor cores */
+    {Timed::VERIFY, 1, 0, 0, 4, 1, 1, 1, false, &Res::split_us, nullptr},
+    {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 1, false, &Res::onepass_us, nullptr},
+    {Timed::COPY_KERNEL, 1, 0, 0, -1, 1, 1, 1, false, &Res::copyk_us, nullptr},
+    {Timed::VERIFY, 1, 0, 0, 5, 1, 1, 1, false, &Res::half_us, nullptr},          /* split, half through smem */
+    {Timed::VERIFY, 0, 0, 0, -1, 0, 1, 1, true, &Res::pso_us, "plain stream order"},
+    {Timed::VERIFY, 0, 0, 8, -1, 1, 1, 1, true, nullptr, "R = 8"},
+    {Timed::VERIFY, 0, 0, 4, -1, 1, 1, 1, true, nullptr, "R = 4"},
+    {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 0, false, &Res::op_plain_us, nullptr},      /* one-pass, plain stores */
+    {Timed::VERIFY, 1, 0, 0, 3, 1, 0, 1, false, &Res::op_order_us, nullptr},      /* one-pass, plain stream order */
+};
+
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
 __global__ void fill_kernel(float *p, size_t n, uint32_t seed, float scale) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -416,51 +445,40 @@ int main(int argc, char **argv) {
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, nullptr};
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
             Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-            /* 0 copy, 1 deferred (default), 2 store-all, 3 commit, 4 deferred and 5 commit on the
-             * CUDA-core kernels, 6 the one-kernel tensor-core verify (4 warps, 4 blocks per SM),
-             * 7 the split verify, 8 the one-pass verify, 9 the copy kernel, 10 the split verify
-             * with half the state through shared memory, 11 the CUDA-core verify in plain stream
-             * order (not a programmatic dependent launch), 12 / 13 its tile forced to R = 8 / 4
-             * (B <= 8), 14 the one-pass verify with plain checkpoint stores (kd_kda_store_hint(0)), 15 the
-             * one-pass verify in plain stream order (kd_kda_onepass_pdl(0)) */
-            for (int what = 0; what < 16; what++) {
-                if (B > 8 && what >= 11 && what <= 13) continue;
-                kd_kda_tensor_cores(what == 4 || what == 5 || (what >= 11 && what <= 13) ? 0 : 1, what == 6 ? 4 : 0);
-                kd_kda_store_hint(what != 14);
-                kd_kda_onepass_pdl(what != 15);
-                kd_kda_force_r(what == 12 ? 8 : what == 13 ? 4 : 0);
-                kd_kda_pdl(what != 11);
-                kd_kda_split(what == 6 ? 0 : what == 7 ? 4 : what == 8 || what >= 14 ? 3 : what == 10 ? 5 : g_split_default);
+            for (const Timed &w : kTimed) {
+                if (w.small_only && B > 8) continue;
+                kd_kda_tensor_cores(w.tc, w.warps);
+                kd_kda_force_r(w.r);
+                kd_kda_pdl(w.pdl);
+                kd_kda_onepass_pdl(w.onepass_pdl);
+                kd_kda_store_hint(w.hint);
+                kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
                 for (int l = 0; l < L; l++) {
-                    if (what == 2) la[l].stored = stored[l];
+                    if (w.op == Timed::STORE_ALL) la[l].stored = stored[l];
                     else la[l].work = work;
                 }
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                 for (int l = 0; l < L; l++) {
-                    if (what == 0)
+                    if (w.op == Timed::COPY)
                         CK(cudaMemcpyAsync(copy_dst + (size_t)l * B * per, la[l].state, (size_t)B * per * 4,
                                            cudaMemcpyDeviceToDevice, st));
-                    else if (what == 9)
+                    else if (w.op == Timed::COPY_KERNEL)
                         copy4_kernel<<<prop.multiProcessorCount * 8, 256, 0, st>>>(
                             (const float4 *)la[l].state, (float4 *)(copy_dst + (size_t)l * B * per), (size_t)B * per / 4);
-                    else if (what == 3 || what == 5)
+                    else if (w.op == Timed::COMMIT)
                         CK((cudaError_t)kd_kda_commit(&la[l], KD_KDA_DEFERRED, st));
-                    else
-                        CK((cudaError_t)kd_kda_verify(&la[l], what == 2 ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED, T, st));
+                    else {
+                        const kd_kda_mode m = w.op == Timed::STORE_ALL ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED;
+                        CK((cudaError_t)kd_kda_verify(&la[l], m, T, st));
+                    }
                 }
                 CK(cudaStreamEndCapture(st, &gph));
                 CK(cudaGraphInstantiate(&ge, gph, 0));
                 const double us = time_graph(ge, st, 20) * 1e3 / L;
-                double *dst[] = {&rr.copy_us, &rr.def_us, &rr.all_us, &rr.commit_us, &rr.def_prev_us, &rr.commit_prev_us,
-                                 &rr.fused_us, &rr.split_us, &rr.onepass_us, &rr.copyk_us, &rr.half_us};
-                if (what < 11) *dst[what] = us;
-                else if (what == 14) rr.op_plain_us = us;
-                else if (what == 15) rr.op_order_us = us;
-                if (what == 11) rr.pso_us = us;
-                if (what >= 11 && what <= 13) printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T,
-                            what == 11 ? "plain stream order" : what == 12 ? "R = 8" : "R = 4", us);
+                if (w.dst) rr.*w.dst = us;
+                if (w.sweep) printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T, w.sweep, us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
             kd_kda_tensor_cores(1, 0);
@@ -503,29 +521,37 @@ int main(int argc, char **argv) {
                 "default dispatch (by size: CUDA cores, one-pass or split); split: the split verify (prologue "
                 "kernel, then the tensor-core verify as its dependent launch); one-pass: the one-pass verify (8 "
                 "warps, state staged in shared memory; its folded checkpoint stored evict-first, the default; the next "
-                "column with plain stores, kd_kda_store_hint(0), the next in plain stream order instead of a programmatic "
-                "dependent of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel tensor-core verify; CUDA cores: the "
-                "CUDA-core kernels; in plain stream order: the CUDA-core verify (the default at B <= 2) not a programmatic "
-                "dependent of the kernel before it (in this graph the layer before's verify, whose blocks let the next "
-                "layer's start once past their wait); all from the same run.\n\n"
-                "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy | CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) | one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
+                "column with plain stores, kd_kda_store_hint(0), the next in plain stream order instead of a "
+                "programmatic dependent of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel "
+                "tensor-core verify; CUDA cores: the CUDA-core kernels; in plain stream order: the CUDA-core verify "
+                "(the default at B <= 2) not a programmatic dependent of the kernel before it (in this graph the layer "
+                "before's verify, whose blocks let the next layer's start once past their wait); all from the same "
+                "run.\n\n"
+                "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy "
+                "| CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) "
+                "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", prop.name, date, commit,
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                prop.name, date, commit,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
     for (size_t i = 0; i < res.size(); i++) {
         const Res &r = res[i];
-        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,\"deferred_us\":%.3f,\"cuda_cores_plain_order_us\":%.3f,\"deferred_split_us\":%.3f,\"deferred_split_half_us\":%.3f,"
-                    "\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
+        char pso[32] = "-", psoj[32] = "null"; /* measured at B <= 8 */
+        if (r.pso_us > 0) snprintf(pso, sizeof pso, "%.2f", r.pso_us), snprintf(psoj, sizeof psoj, "%.3f", r.pso_us);
+        fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,"
+                    "\"deferred_us\":%.3f,\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
+                    "\"deferred_split_half_us\":%.3f,\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,"
+                    "\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
-                i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us, r.pso_us, r.split_us, r.half_us,
+                i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us,
+                psoj, r.split_us, r.half_us,
                 r.onepass_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
                 r.commit_prev_us);
-        char pso[32] = "-"; /* measured at B <= 8 */
-        if (r.pso_us > 0) snprintf(pso, sizeof pso, "%.2f", r.pso_us);
-        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-                    "| %.2f | %.2f | %.2f |\n", r.B, r.T,
-                r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), pso, r.split_us, r.half_us, r.onepass_us,
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+                    "| %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                r.B, r.T, r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), pso, r.split_us,
+                r.half_us, r.onepass_us,
                 r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us,
                 r.all_us / r.floor_us(), r.commit_us, r.commit_prev_us);
     }

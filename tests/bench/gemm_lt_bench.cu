@@ -15,9 +15,10 @@
 // KD_LT_SEARCH=1 gemm_lt_bench OUT_PREFIX COMMIT COMMAND: beyond the heuristic's list, every
 // configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck) for the products of more than 256 keys at
 // KD_LT_SEARCH_MS rows (default 32,128): each algorithm id's tiles x stages (only its automatic stage
-// counts where it has any) x K split 1 / 2 / 4 / 8 first (screened: 3 replays), then for the 8 fastest every cluster shape x CTA swizzling x custom
-// option, then the 5 fastest of all timed again as above (15 replays) beside cublasGemmEx and the
-// heuristic's first. Every candidate's output is checked against cublasGemmEx's before it is timed.
+// counts where it has any) x K split 1 / 2 / 4 / 8 first (screened: 3 replays), then for the 8 fastest
+// every cluster shape x CTA swizzling x custom option, then the 5 fastest of all timed again as above
+// (15 replays) beside cublasGemmEx and the heuristic's first. Every candidate's output is checked
+// against cublasGemmEx's before it is timed.
 // Writes OUT_PREFIX.json / .md (the best configuration found per product and row count).
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -172,12 +173,14 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
     {
         const char *e = getenv("KD_LT_SEARCH_MS");
         std::string list = e && *e ? e : "32,128";
-        for (size_t at = 0; at < list.size();) {
-            const int m = atoi(list.c_str() + at);
-            if (m < 1 || m > 512) return fprintf(stderr, "KD_LT_SEARCH_MS: rows in 1..512, comma-separated\n"), 2;
-            Ms.push_back(m);
-            const size_t comma = list.find(',', at);
-            at = comma == std::string::npos ? list.size() : comma + 1;
+        for (const char *p = list.c_str();;) {
+            char *end = nullptr;
+            const long m = strtol(p, &end, 10);
+            if (end == p || m < 1 || m > 512 || (*end != ',' && *end != '\0'))
+                return fprintf(stderr, "KD_LT_SEARCH_MS=%s: rows in 1..512, comma-separated\n", list.c_str()), 2;
+            Ms.push_back((int)m);
+            if (*end == '\0') break;
+            p = end + 1;
         }
     }
     const int maxM = *std::max_element(Ms.begin(), Ms.end());
@@ -358,7 +361,8 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
         "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each on its own "
         "copy of the weights (more than 4 x the L2), per launch. Copy floor in the same run: %.0f GB/s (read + "
         "write). Searched (KD_LT_SEARCH=1): every cuBLASLt algorithm id's tiles x stages (its automatic stage "
-        "counts where it has any) x K split 1 / 2 / 4 / 8 (3 replays each), then cluster shapes x CTA swizzling x custom options of the 8 fastest; the 5 fastest "
+        "counts where it has any) x K split 1 / 2 / 4 / 8 (3 replays each), then cluster shapes x CTA swizzling x "
+        "custom options of the 8 fastest; the 5 fastest "
         "timed again with 15 replays (median) beside cublasGemmEx and the heuristic's first algorithm. Every "
         "candidate's output checked against cublasGemmEx's first.\n\n",
         copy_bw / 1e9);
