@@ -1753,7 +1753,11 @@ static void lt_checks(uint64_t seed, bool quick) {
             int p0 = 0;
             kd_cu_lt_stats(lt, NULL, &p0);
             char what[64];
-            snprintf(what, sizeof what, "table entry %d (rank %d split-K %d)", i, tab[i].c.rank, tab[i].c.split_k);
+            if (tab[i].c.full)
+                snprintf(what, sizeof what, "table entry %d (algorithm %d tile %u)", i, tab[i].c.cfg.id,
+                         tab[i].c.cfg.tile);
+            else
+                snprintf(what, sizeof what, "table entry %d (rank %d split-K %d)", i, tab[i].c.rank, tab[i].c.split_k);
             lt_case(lt, M, tab[i].N, tab[i].K, 0, (i + (int)M) % 2 ? 1.f : 0.f, seed + 100 + 2 * i + (M == tab[i].m_hi),
                     4096, what, ws);
             int p1 = 0;

@@ -15,22 +15,45 @@ struct Plan {
     int picked; // the algorithm is the table's choice
 };
 
-// Measured on the H200 (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md; 32 MiB of
-// workspace): the 48B preset's shapes where a candidate other than the heuristic's first ran at
-// least 4 % faster (the bench's run-to-run spread is up to about 3 %), at the row counts measured;
-// the two ranges span row counts where the same choice won (o_proj at 2, 4 and 8 rows, the down
-// projection at 2 and 4). The head runs in chunks of at most 256 rows (cuda_backend.cu).
+// A configuration of cuBLASLt's Hopper algorithm (id 66, automatic stage count 35, no K split)
+// with the tile, custom option and cluster shape the search found.
+constexpr kd_lt_choice hopper(uint32_t tile, uint32_t custom, uint16_t cluster) {
+    return {0, 0, 1, {66, tile, 35, 1, 0, 0, custom, cluster, 0}};
+}
+
+// Measured on the H200 (tests/bench/gemm_lt_bench.cu; 32 MiB of workspace): the 48B preset's
+// shapes where a choice ran faster than the heuristic's first, at the row counts measured (one
+// range: a choice that won at both ends). Heuristic ranks (results/gemm_lt_h200.md): where a
+// candidate of the heuristic's list ran at least 4 % faster (the run-to-run spread is up to
+// about 3 %). Whole configurations (results/gemm_lt_search_h200.md, KD_LT_SEARCH=1: every
+// configuration cuBLASLt accepts, the 5 fastest re-timed beside the heuristic's first in the
+// same process): at least 2 % faster there, and confirmed by the main table's pick column.
+// The head runs in chunks of at most 256 rows (cuda_backend.cu).
 const kd_lt_entry kPicks[] = {
-    {2304, 4096, 2, 8, {2, 8}},          // o_proj: 9.24 -> 8.75 us at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
-    {2304, 9216, 2, 4, {2, 16}},         // down_proj: 15.42 -> 14.70 us at 4 rows (14.88 -> 14.62 at 2)
-    {2304, 9216, 256, 256, {2, 4}},      // down_proj: 25.56 -> 23.12
-    {12576, 2304, 32, 32, {7, 0}},       // input projection: 18.42 -> 17.62
-    {12576, 2304, 64, 64, {5, 0}},       // 18.72 -> 17.96
-    {12576, 2304, 128, 128, {6, 0}},     // 19.92 -> 18.90
-    {18432, 2304, 512, 512, {2, 0}},     // gate|up: 64.38 -> 60.84
-    {163840, 2304, 64, 64, {6, 0}},      // head: 202.4 -> 190.2
-    {163840, 2304, 128, 128, {5, 0}},    // 224.7 -> 206.9
-    {163840, 2304, 256, 256, {3, 0}},    // 300.0 -> 273.9
+    {2304, 4096, 2, 8, {2, 8, 0, {}}},    // o_proj: 9.24 -> 8.75 us at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
+    {2304, 4096, 32, 32, hopper(12, 2, 4)},     // 9.44 -> 9.10
+    {2304, 4096, 64, 64, hopper(59, 0, 2)},     // 9.25 -> 8.70
+    {2304, 4096, 128, 128, hopper(92, 0, 2)},   // 9.79 -> 9.14
+    {2304, 4096, 256, 256, hopper(124, 0, 2)},  // 11.24 -> 10.09
+    {2304, 4096, 512, 512, hopper(125, 4, 2)},  // 15.88 -> 14.86
+    {2304, 9216, 2, 4, {2, 16, 0, {}}},   // down_proj: 15.42 -> 14.70 us at 4 rows (14.88 -> 14.62 at 2)
+    {2304, 9216, 128, 128, hopper(80, 0, 2)},   // 19.05 -> 16.88
+    {2304, 9216, 256, 256, hopper(124, 0, 2)},  // 25.67 -> 19.84
+    {2304, 9216, 512, 512, hopper(125, 0, 2)},  // 32.35 -> 30.43
+    {12576, 2304, 8, 16, hopper(448, 1, 2)},    // input projection: 17.70 -> 17.10 at 8 rows, 17.78 -> 16.99 at 16
+    {12576, 2304, 32, 32, hopper(449, 1, 2)},   // 18.37 -> 17.59
+    {12576, 2304, 64, 64, hopper(104, 0, 4)},   // 18.86 -> 17.71
+    {12576, 2304, 128, 128, hopper(27, 0, 2)},  // 19.93 -> 18.76
+    {12576, 2304, 512, 512, hopper(20, 1, 5)},  // 43.21 -> 42.32
+    {18432, 2304, 8, 8, hopper(486, 7, 2)},     // gate|up: 24.34 -> 23.40
+    {18432, 2304, 16, 16, hopper(487, 7, 2)},   // 24.71 -> 23.89
+    {18432, 2304, 32, 32, hopper(220, 4, 4)},   // 25.39 -> 24.67
+    {18432, 2304, 64, 64, hopper(134, 0, 3)},   // 25.02 -> 24.47
+    {18432, 2304, 128, 128, hopper(183, 0, 2)}, // 27.86 -> 26.68
+    {18432, 2304, 512, 512, hopper(184, 2, 5)}, // 64.24 -> 60.27
+    {163840, 2304, 64, 64, {6, 0, 0, {}}},      // head: 202.4 -> 190.2
+    {163840, 2304, 128, 128, {5, 0, 0, {}}},    // 224.7 -> 206.9
+    {163840, 2304, 256, 256, {3, 0, 0, {}}},    // 300.0 -> 273.9
 };
 const int kNumPicks = (int)(sizeof kPicks / sizeof kPicks[0]);
 
@@ -100,6 +123,28 @@ int kd_cu_lt_pick(int64_t M, int64_t N, int64_t K, kd_lt_choice *out) {
     return 0;
 }
 
+int kd_cu_lt_config_algo(cublasLtHandle_t h, const kd_lt_config *cp, cublasLtMatmulAlgo_t *a) {
+    const kd_lt_config &c = *cp;
+    if (cublasLtMatmulAlgoInit(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
+                               c.id, a) != CUBLAS_STATUS_SUCCESS)
+        return 0;
+    const struct {
+        cublasLtMatmulAlgoConfigAttributes_t at;
+        const void *v;
+        size_t n;
+    } set[] = {{CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile},
+               {CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages},
+               {CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c.split_k, sizeof c.split_k},
+               {CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &c.reduction, sizeof c.reduction},
+               {CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c.swizzle, sizeof c.swizzle},
+               {CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &c.custom, sizeof c.custom},
+               {CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c.cluster, sizeof c.cluster},
+               {CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &c.inner, sizeof c.inner}};
+    for (const auto &x : set)
+        if (cublasLtMatmulAlgoConfigSetAttribute(a, x.at, x.v, x.n) != CUBLAS_STATUS_SUCCESS) return 0;
+    return 1;
+}
+
 void kd_cu_lt_stats(const kd_cu_lt *lt, int *plans, int *picked) {
     int n = 0, k = 0;
     if (lt)
@@ -129,34 +174,39 @@ cublasStatus_t plan_make(kd_cu_lt *lt, Plan *p) {
     const size_t ws = p->ws_bytes;
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    kd_lt_choice c = {0, 0};
+    kd_lt_choice c = {};
     const int pick = lt->table && kd_cu_lt_pick(p->M, p->N, p->K, &c);
     cublasLtMatmulHeuristicResult_t res[32];
     int nres = 0;
-    const int want = pick ? 32 : 1; /* the list as measured (gemm_lt_bench asks for 32) */
+    const int want = pick && !c.full ? 32 : 1; /* the list as measured (gemm_lt_bench asks for 32) */
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulAlgoGetHeuristic(lt->h, p->op, p->lw, p->la, p->lc, p->lc, pref, want, res, &nres);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (s == CUBLAS_STATUS_SUCCESS && nres < 1) s = CUBLAS_STATUS_NOT_SUPPORTED;
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     p->algo = res[0].algo;
-    if (pick && c.rank < nres) { // a shorter list than on the device measured: the first
-        cublasLtMatmulAlgo_t a = res[c.rank].algo;
-        int ok = 1;
+    cublasLtMatmulAlgo_t a;
+    int ok = 0;
+    if (pick && c.full) {
+        ok = kd_cu_lt_config_algo(lt->h, &c.cfg, &a);
+    } else if (pick && c.rank < nres) { // a shorter list than on the device measured: the first
+        a = res[c.rank].algo;
+        ok = 1;
         if (c.split_k > 1) {
             const int32_t sk = c.split_k;
             const uint32_t red = CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-            cublasLtMatmulHeuristicResult_t chk;
             ok = cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ==
                      CUBLAS_STATUS_SUCCESS &&
                  cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red) ==
-                     CUBLAS_STATUS_SUCCESS &&
-                 cublasLtMatmulAlgoCheck(lt->h, p->op, p->lw, p->la, p->lc, p->lc, &a, &chk) ==
-                     CUBLAS_STATUS_SUCCESS &&
-                 chk.workspaceSize <= ws;
+                     CUBLAS_STATUS_SUCCESS;
         }
-        if (ok) p->algo = a, p->picked = 1;
     }
+    if (ok) { /* cuBLASLt accepts it for these descriptors within the workspace given */
+        cublasLtMatmulHeuristicResult_t chk;
+        ok = cublasLtMatmulAlgoCheck(lt->h, p->op, p->lw, p->la, p->lc, p->lc, &a, &chk) == CUBLAS_STATUS_SUCCESS &&
+             chk.workspaceSize <= ws;
+    }
+    if (ok) p->algo = a, p->picked = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
 

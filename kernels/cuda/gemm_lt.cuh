@@ -6,8 +6,10 @@
 // heuristic for the shape (at every shape measured); at the decode step's row counts (tens to
 // hundreds of rows against weights of thousands of rows) that is often not the fastest of the
 // algorithms cuBLAS has: measured on the H200
-// (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md), kd_cu_lt_pick names for the 48B
-// preset's shapes the heuristic rank (and the split of K) that was fastest there. The choice
+// (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md and gemm_lt_search_h200.md),
+// kd_cu_lt_pick names for the 48B preset's shapes the heuristic rank (and the split of K), or
+// the whole configuration (a tile, cluster shape and option the heuristic does not offer at
+// that shape), that was fastest there. The choice
 // is a table, not a timing at run time: the same build on the same device and cuBLAS always
 // runs the same algorithm, so a product's bits do not depend on a race between candidates.
 //
@@ -29,12 +31,32 @@
 
 typedef struct kd_cu_lt kd_cu_lt;
 
-// What kd_cu_lt_pick names: the rank in cuBLASLt's heuristic list for the shape (asked for 32
-// algorithms with KD_LT_WORKSPACE; 0: the first) and, where split_k > 1, that algorithm with K
-// split that many ways.
+// A whole cuBLASLt algorithm configuration (the CUBLASLT_ALGO_CONFIG_* attributes: algorithm
+// id, tile, stages, K split, reduction scheme, CTA swizzling, custom option, cluster shape,
+// inner shape), as gemm_lt_bench's search (KD_LT_SEARCH=1) prints them.
+typedef struct kd_lt_config {
+    int id;
+    uint32_t tile, stages;
+    int32_t split_k;
+    uint32_t reduction, swizzle, custom;
+    uint16_t cluster, inner;
+} kd_lt_config;
+
+// What kd_cu_lt_pick names: either (full 0) the rank in cuBLASLt's heuristic list for the
+// shape (asked for 32 algorithms with KD_LT_WORKSPACE; 0: the first) and, where split_k > 1,
+// that algorithm with K split that many ways; or (full 1) the configuration cfg. Either is
+// checked by cublasLtMatmulAlgoCheck when the plan is made: where cuBLASLt refuses it (another
+// cuBLAS than the one measured), the product takes the heuristic's first algorithm.
 typedef struct kd_lt_choice {
     int rank, split_k;
+    int full;
+    kd_lt_config cfg;
 } kd_lt_choice;
+
+// The algorithm descriptor of configuration *c (bf16 inputs, fp32 output and accumulation): 1,
+// or 0 where cuBLASLt does not know the algorithm id or refuses an attribute's value. Whether
+// it runs a given product is cublasLtMatmulAlgoCheck's to say.
+int kd_cu_lt_config_algo(cublasLtHandle_t h, const kd_lt_config *c, cublasLtMatmulAlgo_t *a);
 
 // A handle for the current device; cudaErrorInitializationError where cuBLASLt could not start
 // (*out NULL), cudaErrorMemoryAllocation where memory ran out.

@@ -113,33 +113,31 @@ static double time_launches(cudaStream_t st, const BenchBuffers &bb, F launch, i
 
 // ------------------------------------------------------------------ KD_LT_SEARCH
 
-// One configuration of cuBLASLt's algorithm descriptor.
-struct LtCfg {
-    int id;
-    uint32_t tile, stages;
-    int32_t splitk;
-    uint32_t red, swz, custom;
-    uint16_t cluster;
-};
+// One configuration of cuBLASLt's algorithm descriptor: kd_lt_config (gemm_lt.cuh), the form
+// the backend's table holds; its descriptor made by kd_cu_lt_config_algo.
+using LtCfg = kd_lt_config;
 
 static bool lt_cfg_algo(cublasLtHandle_t lt, const LtCfg &c, cublasLtMatmulAlgo_t *a) {
-    if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
-                               c.id, a) != CUBLAS_STATUS_SUCCESS)
-        return false;
-    return cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c.splitk, sizeof c.splitk) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &c.red, sizeof c.red) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c.swz, sizeof c.swz) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &c.custom, sizeof c.custom) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c.cluster,
-                                                sizeof c.cluster) == CUBLAS_STATUS_SUCCESS;
+    return kd_cu_lt_config_algo(lt, &c, a) != 0;
+}
+
+// The configuration of a descriptor cuBLASLt filled in (the heuristic's answers).
+static LtCfg lt_cfg_read(const cublasLtMatmulAlgo_t &a) {
+    LtCfg c = {};
+    size_t n;
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t at, void *x, size_t sz) {
+        cublasLtMatmulAlgoConfigGetAttribute(&a, at, x, sz, &n);
+    };
+    get(CUBLASLT_ALGO_CONFIG_ID, &c.id, sizeof c.id);
+    get(CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile);
+    get(CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages);
+    get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c.split_k, sizeof c.split_k);
+    get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &c.reduction, sizeof c.reduction);
+    get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c.swizzle, sizeof c.swizzle);
+    get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &c.custom, sizeof c.custom);
+    get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c.cluster, sizeof c.cluster);
+    get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &c.inner, sizeof c.inner);
+    return c;
 }
 
 // A capability that is a list (tiles, stages): empty where the algorithm has none.
@@ -161,8 +159,8 @@ static T lt_cap(const cublasLtMatmulAlgo_t &a, cublasLtMatmulAlgoCapAttributes_t
 }
 
 static std::string lt_cfg_str(const LtCfg &c) {
-    return bench_fmt("id %d tile %u stages %u splitk %d red %u swz %u custom %u cluster %u", c.id, c.tile, c.stages,
-                     c.splitk, c.red, c.swz, c.custom, (unsigned)c.cluster);
+    return bench_fmt("id %d tile %u stages %u splitk %d red %u swz %u custom %u cluster %u inner %u", c.id, c.tile,
+                     c.stages, c.split_k, c.reduction, c.swizzle, c.custom, (unsigned)c.cluster, (unsigned)c.inner);
 }
 
 static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int argc, char **argv) {
@@ -241,22 +239,64 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                 return true;
             };
             std::vector<std::pair<double, LtCfg>> timed;
+            /* the heuristic's answers (up to 32): each timed as it is, and each one's algorithm id, inner shape
+             * and cluster shape a family searched below beside every id's defaults (the Hopper kernels' ids run
+             * only with the inner or cluster shape the heuristic gives them) */
+            std::vector<cublasLtMatmulHeuristicResult_t> heur(32);
+            int nheur = 0;
+            {
+                cublasLtMatmulPreference_t pref;
+                LT(cublasLtMatmulPreferenceCreate(&pref));
+                LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                        sizeof ws_bytes));
+                if (cublasLtMatmulAlgoGetHeuristic(lt, op, lw, la, lc, lc, pref, (int)heur.size(), heur.data(),
+                                                   &nheur) != CUBLAS_STATUS_SUCCESS)
+                    nheur = 0;
+                cublasLtMatmulPreferenceDestroy(pref);
+            }
+            std::vector<LtCfg> families;
+            auto add_family = [&](const LtCfg &f) {
+                for (const LtCfg &g : families)
+                    if (g.id == f.id && g.inner == f.inner && g.cluster == f.cluster) return;
+                families.push_back(f);
+            };
+            for (int h = 0; h < nheur; h++) {
+                const LtCfg c = lt_cfg_read(heur[h].algo);
+                double us;
+                if (h < 4) printf("search: %s M=%d heuristic #%d: %s\n", sh.name, M, h, lt_cfg_str(c).c_str());
+                if (try_cfg(c, 3, &us)) timed.push_back({us, c});
+                LtCfg f = {};
+                f.id = c.id, f.inner = c.inner, f.cluster = c.cluster, f.stages = c.stages;
+                add_family(f);
+            }
+            for (int i = 0; i < nids; i++) {
+                LtCfg f = {};
+                f.id = ids[i], f.stages = CUBLASLT_MATMUL_STAGES_UNDEFINED;
+                add_family(f);
+            }
+            const size_t n_heur = timed.size();
             const int32_t splits[] = {1, 2, 4, 8};
-            for (int i = 0; i < nids; i++) { /* (1) tiles x stages x K splits, default cluster, swizzle, option */
+            for (const LtCfg &fam : families) { /* (1) tiles x stages x K splits of each family */
                 cublasLtMatmulAlgo_t a;
                 if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F,
-                                           CUDA_R_32F, ids[i], &a) != CUBLAS_STATUS_SUCCESS)
+                                           CUDA_R_32F, fam.id, &a) != CUBLAS_STATUS_SUCCESS)
                     continue;
                 std::vector<uint32_t> tiles = lt_cap_list(a, CUBLASLT_ALGO_CAP_TILE_IDS),
                                       stages = lt_cap_list(a, CUBLASLT_ALGO_CAP_STAGES_IDS);
                 if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
                 if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
                 /* where the algorithm has automatic stage counts (8xAUTO and up: the K step fixed, the count
-                 * chosen by cuBLASLt), only those: the fixed counts multiply the search for little */
+                 * chosen by cuBLASLt), only those and the heuristic's: the fixed counts multiply the search for
+                 * little */
                 std::vector<uint32_t> autos;
                 for (uint32_t sg : stages)
                     if (sg >= CUBLASLT_MATMUL_STAGES_8xAUTO && sg < CUBLASLT_MATMUL_STAGES_END) autos.push_back(sg);
-                if (!autos.empty()) stages = autos;
+                if (!autos.empty()) {
+                    if (fam.stages != CUBLASLT_MATMUL_STAGES_UNDEFINED &&
+                        std::find(autos.begin(), autos.end(), fam.stages) == autos.end())
+                        autos.push_back(fam.stages);
+                    stages = autos;
+                }
                 const size_t before = timed.size();
                 const int32_t splitk_ok = lt_cap<int32_t>(a, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
                 const uint32_t red_mask = lt_cap<uint32_t>(a, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
@@ -264,7 +304,7 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                     for (uint32_t sg : stages)
                         for (int32_t sk : splits) {
                             if (sk > 1 && !splitk_ok) continue;
-                            LtCfg c = {ids[i], t, sg, sk, CUBLASLT_REDUCTION_SCHEME_NONE, 0, 0, 0};
+                            LtCfg c = {fam.id, t, sg, sk, CUBLASLT_REDUCTION_SCHEME_NONE, 0, 0, fam.cluster, fam.inner};
                             const uint32_t reds[] = {CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE,
                                                      CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
                                                      CUBLASLT_REDUCTION_SCHEME_INPLACE};
@@ -275,7 +315,7 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                             }
                             for (uint32_t r : reds) {
                                 if (!(red_mask & r)) continue;
-                                c.red = r;
+                                c.reduction = r;
                                 if (try_cfg(c, 3, &us)) {
                                     timed.push_back({us, c});
                                     break;
@@ -283,9 +323,12 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                             }
                         }
                 if (timed.size() > before)
-                    printf("search: %s M=%d id %d: %zu tiles x %zu stages, %zu ran\n", sh.name, M, ids[i], tiles.size(),
-                           stages.size(), timed.size() - before);
+                    printf("search: %s M=%d id %d inner %u cluster %u: %zu tiles x %zu stages, %zu ran\n", sh.name, M,
+                           fam.id, (unsigned)fam.inner, (unsigned)fam.cluster, tiles.size(), stages.size(),
+                           timed.size() - before);
             }
+            printf("search: %s M=%d: %d heuristic answers (%zu ran), %zu families\n", sh.name, M, nheur, n_heur,
+                   families.size());
             const size_t n1 = timed.size();
             std::sort(timed.begin(), timed.end(), [](const auto &x, const auto &y) { return x.first < y.first; });
             const size_t top = std::min<size_t>(8, timed.size());
@@ -299,8 +342,8 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                     for (uint32_t sw = 0; sw <= (swz_ok ? 1u : 0u); sw++)
                         for (int32_t cu = 0; cu <= cmax; cu++) {
                             LtCfg c = base;
-                            c.cluster = cl, c.swz = sw, c.custom = (uint32_t)cu;
-                            if (cl == base.cluster && sw == base.swz && (uint32_t)cu == base.custom) continue;
+                            c.cluster = cl, c.swizzle = sw, c.custom = (uint32_t)cu;
+                            if (cl == base.cluster && sw == base.swizzle && (uint32_t)cu == base.custom) continue;
                             double us;
                             if (try_cfg(c, 3, &us)) timed.push_back({us, c});
                         }
@@ -309,24 +352,13 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
             /* (3) the 5 fastest again, as the main table times, beside cublasGemmEx and the heuristic's first */
             const double ex_us = time_it([&](const void *w) { gemmex(w, bb.C); }, 15);
             double h_us = -1;
-            {
-                cublasLtMatmulPreference_t pref;
-                LT(cublasLtMatmulPreferenceCreate(&pref));
-                LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                        sizeof ws_bytes));
-                cublasLtMatmulHeuristicResult_t res;
-                int nres = 0;
-                if (cublasLtMatmulAlgoGetHeuristic(lt, op, lw, la, lc, lc, pref, 1, &res, &nres) ==
-                        CUBLAS_STATUS_SUCCESS &&
-                    nres > 0)
-                    h_us = time_it(
-                        [&](const void *w) {
-                            LT(cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, bb.C, lc, bb.C, lc, &res.algo,
-                                              env.ws, ws_bytes, st));
-                        },
-                        15);
-                cublasLtMatmulPreferenceDestroy(pref);
-            }
+            if (nheur > 0)
+                h_us = time_it(
+                    [&](const void *w) {
+                        LT(cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, bb.C, lc, bb.C, lc, &heur[0].algo,
+                                          env.ws, ws_bytes, st));
+                    },
+                    15);
             double best = 1e30;
             LtCfg best_c = {};
             for (size_t k = 0; k < std::min<size_t>(5, timed.size()); k++) {
