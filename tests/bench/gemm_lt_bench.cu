@@ -392,9 +392,10 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
     const std::string intro = bench_fmt(
         "bf16 weights [N][K] and activations [M][K], fp32 output, beta 0; a CUDA graph of launches, each on its own "
         "copy of the weights (more than 4 x the L2), per launch. Copy floor in the same run: %.0f GB/s (read + "
-        "write). Searched (KD_LT_SEARCH=1): every cuBLASLt algorithm id's tiles x stages (its automatic stage "
-        "counts where it has any) x K split 1 / 2 / 4 / 8 (3 replays each), then cluster shapes x CTA swizzling x "
-        "custom options of the 8 fastest; the 5 fastest "
+        "write). Searched (KD_LT_SEARCH=1): the heuristic's answers (up to 32), then for each algorithm id "
+        "with the inner and cluster shape of each answer, and with the defaults, its tiles x stages (its "
+        "automatic stage counts where it has any) x K split 1 / 2 / 4 / 8 (3 replays each), then cluster shapes "
+        "x CTA swizzling x custom options of the 8 fastest; the 5 fastest "
         "timed again with 15 replays (median) beside cublasGemmEx and the heuristic's first algorithm. Every "
         "candidate's output checked against cublasGemmEx's first.\n\n",
         copy_bw / 1e9);
