@@ -15,41 +15,61 @@ struct Plan {
     int picked; // the algorithm is the table's choice
 };
 
-// A configuration of cuBLASLt's Hopper algorithm (id 66, automatic stage count 35, no K split)
-// with the tile, custom option and cluster shape the search found.
-constexpr kd_lt_choice hopper(uint32_t tile, uint32_t custom, uint16_t cluster) {
-    return {0, 0, 1, {66, tile, 35, 1, 0, 0, custom, cluster, 0}};
+// A configuration of cuBLASLt's Hopper algorithm (id 66, automatic stage count 35) with the
+// tile, custom option, cluster shape and K split the search found (a split's partial sums
+// reduced in the compute type through the workspace: deterministic).
+constexpr kd_lt_choice hopper(uint32_t tile, uint32_t custom, uint16_t cluster, int32_t split_k = 1) {
+    return {0, 0, 1, {66, tile, 35, split_k, split_k > 1 ? 2u : 0u, 0, custom, cluster, 0}};
 }
 
 // Measured on the H200 (tests/bench/gemm_lt_bench.cu; 32 MiB of workspace): the 48B preset's
-// shapes where a choice ran faster than the heuristic's first, at the row counts measured (one
-// range: a choice that won at both ends). Heuristic ranks (results/gemm_lt_h200.md): where a
-// candidate of the heuristic's list ran at least 4 % faster (the run-to-run spread is up to
-// about 3 %). Whole configurations (results/gemm_lt_search_h200.md, KD_LT_SEARCH=1: every
-// configuration cuBLASLt accepts, the 5 fastest re-timed beside the heuristic's first in the
-// same process): at least 2 % faster there, and confirmed by the main table's pick column.
-// The head runs in chunks of at most 256 rows (cuda_backend.cu).
+// shapes where a choice ran faster than the heuristic's first, at the row counts measured (a
+// range only where the same choice won at every row count measured in it). A step's products
+// have rows x window rows (graphs pad the rows to a power of two): 2^k and 3 x 2^k are
+// measured. Heuristic ranks (results/gemm_lt_h200.md): where a candidate of the heuristic's
+// list ran at least 4 % faster (the run-to-run spread is up to about 3 %). Whole configurations
+// (results/gemm_lt_search_h200.md, KD_LT_SEARCH=1: every configuration cuBLASLt accepts, the 5
+// fastest re-timed beside the heuristic's first in the same process): at least 2 % faster
+// there, and re-timed by the main table's pick column. The figures: the heuristic's first ->
+// this choice, us. The head runs in chunks of at most 256 rows (cuda_backend.cu).
 const kd_lt_entry kPicks[] = {
-    {2304, 4096, 2, 8, {2, 8, 0, {}}},    // o_proj: 9.24 -> 8.75 us at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
+    {2304, 4096, 2, 8, {2, 8, 0, {}}},    // o_proj: 9.24 -> 8.75 at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
+    {2304, 4096, 12, 12, hopper(183, 4, 4, 4)}, // 9.25 -> 8.95
+    {2304, 4096, 24, 24, hopper(183, 4, 4, 4)}, // 9.35 -> 9.02
     {2304, 4096, 32, 32, hopper(12, 2, 4)},     // 9.44 -> 9.10
+    {2304, 4096, 48, 48, hopper(312, 1, 2)},    // 9.68 -> 8.66
     {2304, 4096, 64, 64, hopper(59, 0, 2)},     // 9.25 -> 8.70
+    {2304, 4096, 96, 96, hopper(92, 0, 7)},     // 11.03 -> 9.51
     {2304, 4096, 128, 128, hopper(92, 0, 2)},   // 9.79 -> 9.14
+    {2304, 4096, 192, 192, hopper(15, 0, 2)},   // 11.96 -> 9.72
     {2304, 4096, 256, 256, hopper(124, 0, 2)},  // 11.24 -> 10.09
+    {2304, 4096, 384, 384, hopper(18, 0, 3)},   // 18.24 -> 13.17
     {2304, 4096, 512, 512, hopper(125, 4, 2)},  // 15.88 -> 14.86
-    {2304, 9216, 2, 4, {2, 16, 0, {}}},   // down_proj: 15.42 -> 14.70 us at 4 rows (14.88 -> 14.62 at 2)
+    {2304, 9216, 2, 4, {2, 16, 0, {}}},   // down_proj: 15.42 -> 14.70 at 4 rows (14.88 -> 14.62 at 2)
     {2304, 9216, 128, 128, hopper(80, 0, 2)},   // 19.05 -> 16.88
+    {2304, 9216, 192, 192, hopper(15, 0, 2)},   // 19.94 -> 18.96
     {2304, 9216, 256, 256, hopper(124, 0, 2)},  // 25.67 -> 19.84
+    {2304, 9216, 384, 384, hopper(105, 0, 2)},  // 34.20 -> 27.09
     {2304, 9216, 512, 512, hopper(125, 0, 2)},  // 32.35 -> 30.43
-    {12576, 2304, 8, 16, hopper(448, 1, 2)},    // input projection: 17.70 -> 17.10 at 8 rows, 17.78 -> 16.99 at 16
+    {12576, 2304, 8, 16, hopper(448, 1, 2)},    // input projection: 17.70 -> 17.10 at 8, 17.68 -> 17.10 at 12,
+                                                // 17.78 -> 16.99 at 16
+    {12576, 2304, 24, 24, hopper(183, 4, 4)},   // 18.09 -> 17.38
     {12576, 2304, 32, 32, hopper(449, 1, 2)},   // 18.37 -> 17.59
+    {12576, 2304, 48, 48, hopper(450, 1, 2)},   // 18.64 -> 17.68
     {12576, 2304, 64, 64, hopper(104, 0, 4)},   // 18.86 -> 17.71
     {12576, 2304, 128, 128, hopper(27, 0, 2)},  // 19.93 -> 18.76
+    {12576, 2304, 192, 192, hopper(183, 0, 2)}, // 22.09 -> 21.40
+    {12576, 2304, 384, 384, hopper(184, 0, 2)}, // 33.06 -> 32.04
     {12576, 2304, 512, 512, hopper(20, 1, 5)},  // 43.21 -> 42.32
     {18432, 2304, 8, 8, hopper(486, 7, 2)},     // gate|up: 24.34 -> 23.40
+    {18432, 2304, 12, 12, hopper(487, 3, 2)},   // 24.68 -> 23.58
     {18432, 2304, 16, 16, hopper(487, 7, 2)},   // 24.71 -> 23.89
+    {18432, 2304, 24, 24, hopper(193, 6, 2)},   // 24.81 -> 23.82
     {18432, 2304, 32, 32, hopper(220, 4, 4)},   // 25.39 -> 24.67
+    {18432, 2304, 48, 48, hopper(183, 6, 2)},   // 26.33 -> 24.44
     {18432, 2304, 64, 64, hopper(134, 0, 3)},   // 25.02 -> 24.47
     {18432, 2304, 128, 128, hopper(183, 0, 2)}, // 27.86 -> 26.68
+    {18432, 2304, 192, 192, hopper(217, 0, 2)}, // 36.65 -> 30.22
     {18432, 2304, 512, 512, hopper(184, 2, 5)}, // 64.24 -> 60.27
     {163840, 2304, 64, 64, {6, 0, 0, {}}},      // head: 202.4 -> 190.2
     {163840, 2304, 128, 128, {5, 0, 0, {}}},    // 224.7 -> 206.9

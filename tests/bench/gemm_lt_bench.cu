@@ -429,7 +429,7 @@ int main(int argc, char **argv) {
         return rc;
     }
 
-    const int Ms[] = {2, 4, 8, 16, 32, 64, 128, 256, 512};
+    const int Ms[] = {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512};
     const int maxM = 512;
     std::string md = "| product | N | K | M | cublasGemmEx us | GB/s | Lt heuristic's first us | best us | best / "
                      "cublasGemmEx | best, of copy bandwidth | best candidate | backend's pick us | pick / "
