@@ -30,7 +30,8 @@ constexpr kd_lt_choice hopper(uint32_t tile, uint32_t custom, uint16_t cluster, 
 // list ran at least 4 % faster (the run-to-run spread is up to about 3 %). Whole configurations
 // (results/gemm_lt_search_h200.md, KD_LT_SEARCH=1: every configuration cuBLASLt accepts, the 5
 // fastest re-timed beside the heuristic's first in the same process): at least 2 % faster
-// there, and re-timed by the main table's pick column. The figures: the heuristic's first ->
+// there, and re-timed by the main table's pick column (gate|up at 64 rows, 2 % faster in the
+// search, was 3 % slower there at c11b690: left out). The figures: the heuristic's first ->
 // this choice, us. The head runs in chunks of at most 256 rows (cuda_backend.cu).
 const kd_lt_entry kPicks[] = {
     {2304, 4096, 2, 8, {2, 8, 0, {}}},    // o_proj: 9.24 -> 8.75 at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
@@ -67,7 +68,6 @@ const kd_lt_entry kPicks[] = {
     {18432, 2304, 24, 24, hopper(193, 6, 2)},   // 24.81 -> 23.82
     {18432, 2304, 32, 32, hopper(220, 4, 4)},   // 25.39 -> 24.67
     {18432, 2304, 48, 48, hopper(183, 6, 2)},   // 26.33 -> 24.44
-    {18432, 2304, 64, 64, hopper(134, 0, 3)},   // 25.02 -> 24.47
     {18432, 2304, 128, 128, hopper(183, 0, 2)}, // 27.86 -> 26.68
     {18432, 2304, 192, 192, hopper(217, 0, 2)}, // 36.65 -> 30.22
     {18432, 2304, 512, 512, hopper(184, 2, 5)}, // 64.24 -> 60.27
