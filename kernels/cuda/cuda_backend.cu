@@ -35,6 +35,8 @@
 // parameters) live in the pinned metadata block whose upload is the graph's first node, so
 // a replay reads this step's values; the host waits once per step, for the tokens.
 // KDECODE_CUDA_GRAPHS=0 at creation (or kd_cuda_set_graphs) runs every batch eagerly.
+// KDECODE_CUDA_LT_TABLE=FILE at creation: an operator's table of cuBLASLt configurations
+// (kd/lt_table.h, as `KD_LT_SEARCH=1 gemm_lt_bench` writes it) in place of the built-in one.
 //
 // The verify windows' conv folds (each slot's conv window advanced by the tokens the last step
 // accepted) of every layer run in one launch before the first layer, since their inputs are
@@ -1373,6 +1375,23 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
         kd_fail(err, "cuda backend: cuBLASLt: %s", cudaGetErrorString(e));
         cu_destroy(&cb->base);
         return NULL;
+    }
+    /* an operator's table of cuBLASLt configurations (kd/lt_table.h): read, and refused with
+     * its error, whether or not the bf16 products use it, so a bad file never goes unnoticed */
+    if (const char *tf = getenv("KDECODE_CUDA_LT_TABLE"); tf && *tf) {
+        kd_lt_entry *tab = NULL;
+        kd_err te = {{0}};
+        const int n = kd_lt_table_load(tf, &tab, &te);
+        if (n >= 0 && cb->lt) e = kd_cu_lt_use_table(cb->lt, tab, n);
+        free(tab);
+        if (n < 0 || (cb->lt && e != cudaSuccess)) {
+            if (n < 0)
+                kd_fail(err, "cuda backend: KDECODE_CUDA_LT_TABLE: %s", te.msg);
+            else
+                kd_fail(err, "cuda backend: KDECODE_CUDA_LT_TABLE: %s", cudaGetErrorString(e));
+            cu_destroy(&cb->base);
+            return NULL;
+        }
     }
     cb->lt_mode = 2;
     return &cb->base;

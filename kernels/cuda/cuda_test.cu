@@ -1769,6 +1769,38 @@ static void lt_checks(uint64_t seed, bool quick) {
         }
     }
     note("cuBLASLt table: %d entries, %d products checked (device cc %d.%d, %d SMs)", nt, runs, major, minor, sms);
+    // an operator's table (kd_cu_lt_use_table, as KDECODE_CUDA_LT_TABLE gives it): it replaces the built-in one
+    {
+        const char *text = "# o_proj at 48 rows as the built-in table has it; an algorithm id cuBLASLt does not have\n"
+                           "2304 4096 48 48 66 312 35 1 0 0 1 2 0\n"
+                           "64 512 8 8 999999 1 1 1 0 0 0 0 0\n";
+        kd_lt_entry ut[4];
+        kd_err te = {{0}};
+        const int nu = kd_lt_table_parse(text, strlen(text), ut, 4, &te);
+        const cudaError_t ue = nu == 2 ? kd_cu_lt_use_table(lt, ut, nu) : cudaErrorInvalidValue;
+        int q0 = -1, q1 = -1, q2 = -1, q3 = -1;
+        kd_cu_lt_stats(lt, &plans, &q0);
+        report(nu == 2 && ue == cudaSuccess && plans == 0 && q0 == 0,
+               "[cuBLASLt operator's table: set, the plans made dropped] %d entries (%s), %s, %d plans", nu, te.msg,
+               cudaGetErrorString(ue), plans);
+        lt_case(lt, 48, 2304, 4096, 0, 0.f, seed + 300, 4096, "operator's table entry", ws);
+        kd_cu_lt_stats(lt, NULL, &q1);
+        report(q1 == (measured_kind ? 1 : q1), "[cuBLASLt operator's table: its configuration taken%s] %d",
+               measured_kind ? "" : " (not asserted on another kind of device)", q1);
+        lt_case(lt, 8, 64, 512, 0, 1.f, seed + 301, 0, "operator's table, an unknown algorithm", ws);
+        lt_case(lt, 128, 2304, 9216, 0, 0.f, seed + 302, 4096, "operator's table, a built-in entry's shape", ws);
+        kd_cu_lt_stats(lt, NULL, &q2);
+        report(q2 == q1, "[cuBLASLt operator's table: an unknown algorithm and shapes it lacks take the heuristic's "
+                         "first] picked %d -> %d", q1, q2);
+        const cudaError_t e0 = kd_cu_lt_use_table(lt, NULL, 0);
+        lt_case(lt, 128, 2304, 9216, 0, 1.f, seed + 303, 4096, "an empty operator's table", ws);
+        kd_cu_lt_stats(lt, NULL, &q3);
+        const cudaError_t bad1 = kd_cu_lt_use_table(lt, NULL, 3), bad2 = kd_cu_lt_use_table(lt, ut, -1);
+        report(e0 == cudaSuccess && q3 == 0 && bad1 == cudaErrorInvalidValue && bad2 == cudaErrorInvalidValue,
+               "[cuBLASLt operator's table: an empty one turns the built-in table off (picked %d); no entries "
+               "given or a negative count refused: %s, %s]",
+               q3, cudaGetErrorString(bad1), cudaGetErrorString(bad2));
+    }
     // past KD_LT_PLANS shapes the oldest plans are replaced; the products stay right
     for (int M = 1; M <= KD_LT_PLANS + 4; M++)
         lt_case(lt, M, 24, 32, 0, 0.f, seed + 1000 + M, M > KD_LT_PLANS - 2 ? 0 : 64, "many shapes", ws);

@@ -89,8 +89,11 @@ void plan_free(Plan *p) {
 
 struct kd_cu_lt {
     cublasLtHandle_t h;
-    int table; // the device is of the kind the table was measured on, and the table is on
-    int table_ok;
+    int on;       // a table is used (kd_cu_lt_set_table)
+    int table_ok; // the device is of the kind the built-in table was measured on
+    int user_set; // an operator's table (kd_cu_lt_use_table) replaces the built-in one
+    kd_lt_entry *user;
+    int n_user;
     Plan plans[KD_LT_PLANS];
     int n, next; // plans held; the one replaced next when all are held
 };
@@ -110,23 +113,42 @@ cudaError_t kd_cu_lt_create(kd_cu_lt **out) {
         return cudaErrorInitializationError;
     }
     lt->table_ok = major == 9 && minor == 0 && sms >= 132;
-    lt->table = lt->table_ok;
+    lt->on = 1;
     *out = lt;
     return cudaSuccess;
 }
 
+static void drop_plans(kd_cu_lt *lt) {
+    for (int i = 0; i < lt->n; i++) plan_free(&lt->plans[i]);
+    lt->n = lt->next = 0;
+}
+
 void kd_cu_lt_destroy(kd_cu_lt *lt) {
     if (!lt) return;
-    for (int i = 0; i < lt->n; i++) plan_free(&lt->plans[i]);
+    drop_plans(lt);
     cublasLtDestroy(lt->h);
+    free(lt->user);
     free(lt);
 }
 
 void kd_cu_lt_set_table(kd_cu_lt *lt, int on) {
-    if (!lt || lt->table == (on && lt->table_ok)) return;
-    lt->table = on && lt->table_ok;
-    for (int i = 0; i < lt->n; i++) plan_free(&lt->plans[i]);
-    lt->n = lt->next = 0;
+    if (!lt || lt->on == !!on) return;
+    lt->on = !!on;
+    drop_plans(lt);
+}
+
+cudaError_t kd_cu_lt_use_table(kd_cu_lt *lt, const kd_lt_entry *tab, int n) {
+    if (!lt || n < 0 || (n > 0 && !tab)) return cudaErrorInvalidValue;
+    kd_lt_entry *copy = nullptr;
+    if (n > 0) {
+        copy = (kd_lt_entry *)malloc(sizeof *copy * (size_t)n);
+        if (!copy) return cudaErrorMemoryAllocation;
+        memcpy(copy, tab, sizeof *copy * (size_t)n);
+    }
+    free(lt->user);
+    lt->user = copy, lt->n_user = n, lt->user_set = 1;
+    drop_plans(lt);
+    return cudaSuccess;
 }
 
 int kd_cu_lt_table(const kd_lt_entry **out) {
@@ -135,12 +157,9 @@ int kd_cu_lt_table(const kd_lt_entry **out) {
 }
 
 int kd_cu_lt_pick(int64_t M, int64_t N, int64_t K, kd_lt_choice *out) {
-    for (const kd_lt_entry &p : kPicks)
-        if (p.N == N && p.K == K && M >= p.m_lo && M <= p.m_hi && p.N > 0) {
-            *out = p.c;
-            return 1;
-        }
-    return 0;
+    const kd_lt_entry *e = kd_lt_table_find(kPicks, kNumPicks, M, N, K);
+    if (e) *out = e->c;
+    return e != nullptr;
 }
 
 int kd_cu_lt_config_algo(cublasLtHandle_t h, const kd_lt_config *cp, cublasLtMatmulAlgo_t *a) {
@@ -195,7 +214,12 @@ cublasStatus_t plan_make(kd_cu_lt *lt, Plan *p) {
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     kd_lt_choice c = {};
-    const int pick = lt->table && kd_cu_lt_pick(p->M, p->N, p->K, &c);
+    const kd_lt_entry *hit = !lt->on         ? nullptr
+                             : lt->user_set ? kd_lt_table_find(lt->user, lt->n_user, p->M, p->N, p->K)
+                             : lt->table_ok ? kd_lt_table_find(kPicks, kNumPicks, p->M, p->N, p->K)
+                                            : nullptr;
+    const int pick = hit != nullptr;
+    if (hit) c = hit->c;
     cublasLtMatmulHeuristicResult_t res[32];
     int nres = 0;
     const int want = pick && !c.full ? 32 : 1; /* the list as measured (gemm_lt_bench asks for 32) */

@@ -24,6 +24,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kd/lt_table.h"
+
 // The workspace the products may use (split-K partial sums); the caller's, at least this size.
 #define KD_LT_WORKSPACE (32u << 20)
 // The most plans kept.
@@ -31,27 +33,9 @@
 
 typedef struct kd_cu_lt kd_cu_lt;
 
-// A whole cuBLASLt algorithm configuration (the CUBLASLT_ALGO_CONFIG_* attributes: algorithm
-// id, tile, stages, K split, reduction scheme, CTA swizzling, custom option, cluster shape,
-// inner shape), as gemm_lt_bench's search (KD_LT_SEARCH=1) prints them.
-typedef struct kd_lt_config {
-    int id;
-    uint32_t tile, stages;
-    int32_t split_k;
-    uint32_t reduction, swizzle, custom;
-    uint16_t cluster, inner;
-} kd_lt_config;
-
-// What kd_cu_lt_pick names: either (full 0) the rank in cuBLASLt's heuristic list for the
-// shape (asked for 32 algorithms with KD_LT_WORKSPACE; 0: the first) and, where split_k > 1,
-// that algorithm with K split that many ways; or (full 1) the configuration cfg. Either is
-// checked by cublasLtMatmulAlgoCheck when the plan is made: where cuBLASLt refuses it (another
-// cuBLAS than the one measured), the product takes the heuristic's first algorithm.
-typedef struct kd_lt_choice {
-    int rank, split_k;
-    int full;
-    kd_lt_config cfg;
-} kd_lt_choice;
+// The table's types (kd_lt_config, kd_lt_choice, kd_lt_entry) and its text form: kd/lt_table.h.
+// A choice is checked by cublasLtMatmulAlgoCheck when its plan is made: where cuBLASLt
+// refuses it (another cuBLAS than the one measured), the product takes the heuristic's first.
 
 // The algorithm descriptor of configuration *c (bf16 inputs, fp32 output and accumulation): 1,
 // or 0 where cuBLASLt does not know the algorithm id or refuses an attribute's value. Whether
@@ -63,17 +47,18 @@ int kd_cu_lt_config_algo(cublasLtHandle_t h, const kd_lt_config *c, cublasLtMatm
 cudaError_t kd_cu_lt_create(kd_cu_lt **out);
 void kd_cu_lt_destroy(kd_cu_lt *lt);
 
-// Whether the table is used (1, the default, on a device of the kind it was measured on) or
-// every product takes the heuristic's first algorithm (0); a change drops the plans made.
+// Whether a table is used (1, the default: the built-in one on a device of the kind it was
+// measured on, or the operator's) or every product takes the heuristic's first algorithm (0);
+// a change drops the plans made.
 void kd_cu_lt_set_table(kd_cu_lt *lt, int on);
 
-// One entry of the table: products of N x K weights at M in [m_lo, m_hi] take choice c.
-typedef struct kd_lt_entry {
-    int64_t N, K, m_lo, m_hi;
-    kd_lt_choice c;
-} kd_lt_entry;
+// An operator's table (kd/lt_table.h; the CUDA backend reads KDECODE_CUDA_LT_TABLE) in place
+// of the built-in one, on any device: the n entries copied (0: no entries, so the heuristic's
+// first everywhere). cudaErrorMemoryAllocation where the copy cannot be made (the table as
+// it was), cudaErrorInvalidValue for n < 0 or no entries given. Drops the plans made.
+cudaError_t kd_cu_lt_use_table(kd_cu_lt *lt, const kd_lt_entry *tab, int n);
 
-// The table (tests): its entries in *out, their number returned.
+// The built-in table (tests): its entries in *out, their number returned.
 int kd_cu_lt_table(const kd_lt_entry **out);
 
 // The table's choice for this shape on a device of compute capability 9.0 with at least 132

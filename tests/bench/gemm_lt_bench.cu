@@ -174,12 +174,40 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
         for (const char *p = list.c_str();;) {
             char *end = nullptr;
             const long m = strtol(p, &end, 10);
-            if (end == p || m < 1 || m > 512 || (*end != ',' && *end != '\0'))
-                return fprintf(stderr, "KD_LT_SEARCH_MS=%s: rows in 1..512, comma-separated\n", list.c_str()), 2;
+            if (end == p || m < 1 || m > 512 || (*end != ',' && *end != '\0') ||
+                std::find(Ms.begin(), Ms.end(), (int)m) != Ms.end())
+                return fprintf(stderr, "KD_LT_SEARCH_MS=%s: rows in 1..512, comma-separated, each once\n",
+                               list.c_str()),
+                       2;
             Ms.push_back((int)m);
             if (*end == '\0') break;
             p = end + 1;
         }
+    }
+    /* the products: KD_LT_SEARCH_SHAPES=NxK,NxK,... (another model's weights N x K), else the 48B preset's of
+     * more than 256 keys but the head (the skinny kernel takes the f / g products; the head streams at the copy
+     * rate) */
+    std::vector<BenchShape> shapes;
+    std::vector<std::string> names;
+    if (const char *e = getenv("KD_LT_SEARCH_SHAPES"); e && *e) {
+        for (const char *p = e;;) {
+            char *x = nullptr, *end = nullptr;
+            const long n = strtol(p, &x, 10);
+            const long k = x != p && *x == 'x' ? strtol(x + 1, &end, 10) : 0;
+            if (n < 1 || n > (1 << 20) || k < 1 || k > (1 << 20) || !end || end == x + 1 ||
+                (*end != ',' && *end != '\0') || names.size() >= 64)
+                return fprintf(stderr,
+                               "KD_LT_SEARCH_SHAPES=%s: NxK pairs (each 1..2^20), comma-separated, at most 64\n", e),
+                       2;
+            names.push_back(bench_fmt("%ldx%ld", n, k));
+            shapes.push_back({nullptr, (int)n, (int)k});
+            if (*end == '\0') break;
+            p = end + 1;
+        }
+        for (size_t i = 0; i < shapes.size(); i++) shapes[i].name = names[i].c_str();
+    } else {
+        for (const BenchShape &sh : kPresetProducts)
+            if (sh.K > 256 && sh.N <= 20000) shapes.push_back(sh);
     }
     const int maxM = *std::max_element(Ms.begin(), Ms.end());
     int ids[256], nids = 0;
@@ -191,10 +219,15 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                      "|---|---|---|---|---|---|---|---|---|---|---|\n";
     char date[64];
     std::string json = bench_json_head(env.prop.name, date, argv[2], argv[3], copy_bw);
+    /* an operator's table (kd/lt_table.h, KDECODE_CUDA_LT_TABLE) of the configurations found at least 2 %
+     * faster than the heuristic's first: OUT.table */
+    std::string table = bench_fmt("# cuBLASLt configurations found by KD_LT_SEARCH=1 gemm_lt_bench on %s (commit %s): "
+                                  "at least 2 %% faster than the heuristic's first\n# N K m_lo m_hi id tile stages "
+                                  "split_k reduction swizzle custom cluster inner\n",
+                                  env.prop.name, argv[2]);
     bool first = true;
     int bad = 0;
-    for (const BenchShape &sh : kPresetProducts) {
-        if (sh.K <= 256 || sh.N > 20000) continue; /* the skinny kernel's f/g products; the head is at the copy rate */
+    for (const BenchShape &sh : shapes) {
         BenchBuffers bb(sh, maxM, &g_rng);
         for (int M : Ms) {
             const float alpha = 1.f, beta = 0.f;
@@ -375,6 +408,11 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                    timed.size(), n1);
             fflush(stdout);
             const bool found = best < 1e30;
+            if (found && h_us > 0 && best <= 0.98 * h_us)
+                table += bench_fmt("%d %d %d %d %d %u %u %d %u %u %u %u %u  # %s: %.2f -> %.2f us\n", sh.N, sh.K, M, M,
+                                   best_c.id, best_c.tile, best_c.stages, best_c.split_k, best_c.reduction,
+                                   best_c.swizzle, best_c.custom, (unsigned)best_c.cluster, (unsigned)best_c.inner,
+                                   sh.name, h_us, best);
             md += bench_fmt("| %s | %d | %d | %d | %.2f | %.2f | %s | %s | %s | %s | %zu |\n",
                             bench_md_cell(sh.name).c_str(), sh.N, sh.K, M, ex_us, h_us,
                             found ? bench_fmt("%.2f", best).c_str() : "-",
@@ -402,8 +440,24 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
     const bool wrote = bench_write_results(argv, env.prop.name, date,
                                            "cuBLASLt configurations searched for the 48B preset's products", intro,
                                            json, md);
+    const std::string tpath = std::string(argv[1]) + ".table";
+    FILE *tf = fopen(tpath.c_str(), "w");
+    bool twrote = false;
+    if (tf) {
+        twrote = fputs(table.c_str(), tf) >= 0;
+        twrote = fclose(tf) == 0 && twrote;
+    }
+    if (!twrote) fprintf(stderr, "%s: could not write\n", tpath.c_str());
+    if (twrote) { /* read back as the backend reads it */
+        kd_lt_entry *tab = nullptr;
+        kd_err te = {{0}};
+        const int n = kd_lt_table_load(tpath.c_str(), &tab, &te);
+        printf("search: %s: %d entries%s%s\n", tpath.c_str(), n, n < 0 ? ", refused: " : "", n < 0 ? te.msg : "");
+        free(tab);
+        twrote = n >= 0;
+    }
     printf(bad ? "GEMM LT SEARCH: %d MISMATCHES\n" : "GEMM LT SEARCH DONE\n", bad);
-    return bad || !wrote ? 1 : 0;
+    return bad || !wrote || !twrote ? 1 : 0;
 }
 
 int main(int argc, char **argv) {

@@ -212,11 +212,14 @@ kd_backend *kd_cpu_backend_create(int use_f64, kd_err *err);
 /* The CUDA backend on device 0: activations fp32 (act_bf16 = 0: fp32 weights, SGEMM; the
  * reference mode) or bf16 (bf16 weights and GEMM inputs, fp32 accumulation and outputs);
  * norms, gates, recurrence and the state in fp32 (state_dtype KD_F32). NULL with a message
- * when no device is usable. */
+ * when no device is usable, or when the environment's KDECODE_CUDA_LT_TABLE names a table
+ * of cuBLASLt configurations (kd/lt_table.h) that cannot be read or does not parse (a table
+ * that does replaces the built-in one for the bf16 products). */
 kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err);
 
 /* By name: "cpu", "cuda" (fails without a usable device) or "auto" (CUDA when a device is
- * usable, else the CPU). act_bf16: bf16 activations on the GPU (the CPU computes in fp32). */
+ * usable, else the CPU; where a device is usable but the CUDA backend cannot be made, that
+ * failure). act_bf16: bf16 activations on the GPU (the CPU computes in fp32). */
 kd_backend *kd_backend_create(const char *name, int act_bf16, kd_err *err);
 
 /* CUDA backend switches and test hooks (no-ops / failures on other backends):
