@@ -202,6 +202,11 @@ START_TEST(loads_files) {
     ck_assert_int_eq(kd_lt_table_load(missing, &t, &err), -1);
     ck_assert_ptr_null(t);
     ck_assert_msg(strstr(err.msg, missing) && strstr(err.msg, "No such file"), "%s", err.msg);
+    /* a directory */
+    t = (kd_lt_entry *)1;
+    ck_assert_int_eq(kd_lt_table_load(dir, &t, &err), -1);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(err.msg, dir) && strstr(err.msg, "directory"), "%s", err.msg);
     /* one byte over the limit, of comment lines: refused for its size, not parsed */
     const size_t big = KD_LT_TABLE_FILE_MAX + 1;
     char *data = malloc(big);

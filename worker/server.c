@@ -3428,6 +3428,10 @@ static int load_model(serve_opts *o) {
         kd_backend_load(g_srv.be, c, &g_srv.model->tensors, &err))
         return logf_("load-failed", "%s", err.msg), -1;
     logf_("backend", "%s (asked: %s; CUDA devices: %d)", g_srv.be->ops->name, o->backend, kd_cuda_device_count());
+    const char *lt_table = getenv("KDECODE_CUDA_LT_TABLE");
+    if (lt_table && *lt_table && !strcmp(g_srv.be->ops->name, "cuda"))
+        logf_("backend", "cuBLASLt configurations from KDECODE_CUDA_LT_TABLE=%s%s", lt_table,
+              o->act_bf16 ? "" : " (read; unused with fp32 activations)");
     o->eng.max_queue += o->eng.max_seqs; /* the engine's queue also holds the not yet admitted */
     if (!(g_srv.eng = kd_engine_create(g_srv.be, g_srv.model->fingerprint, &o->eng, on_engine_event, NULL, &err)))
         return logf_("load-failed", "%s", err.msg), -1;

@@ -103,10 +103,11 @@ int kd_lt_table_load(const char *path, kd_lt_entry **out, kd_err *err) {
         kd_fail(err, "%s: out of memory", path);
     } else {
         size_t r;
+        errno = 0;
         while (len <= KD_LT_TABLE_FILE_MAX && (r = fread(buf + len, 1, KD_LT_TABLE_FILE_MAX + 1 - len, f)) > 0)
             len += r;
         if (ferror(f)) {
-            kd_fail(err, "%s: read error", path);
+            kd_fail(err, "%s: %s", path, errno ? strerror(errno) : "read error");
         } else if (len > KD_LT_TABLE_FILE_MAX) {
             kd_fail(err, "%s: larger than %d bytes", path, KD_LT_TABLE_FILE_MAX);
         } else {
