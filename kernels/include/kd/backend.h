@@ -257,8 +257,9 @@ int kd_cuda_set_fold_layers(kd_backend *b, int on);
 /* How the bf16 products that the skinny kernel does not take run: 0 cublasGemmEx (its default
  * algorithm), 1 cuBLASLt with the first algorithm of its heuristic, 2 (the default) cuBLASLt
  * with the algorithm kernels/cuda/gemm_lt.cuh's table names for the shape where it names one
- * (measured on an H200; taken on devices of compute capability 9.0 with at least 132 SMs,
- * elsewhere as 1). Drops the captured graphs; -1 for another mode or a backend that is not
+ * (the built-in table, measured on an H200, taken on devices of compute capability 9.0 with
+ * at least 132 SMs, elsewhere as 1; an operator's KDECODE_CUDA_LT_TABLE on any device). Drops
+ * the captured graphs; -1 for another mode or a backend that is not
  * CUDA. Benchmarks and tests. */
 int kd_cuda_set_lt(kd_backend *b, int mode);
 /* Neighbouring kernels run as one: where the skinny GEMM's row form takes the products (few
