@@ -13,13 +13,16 @@
 // backend's pick (kd_cu_lt_pick) is timed in the same way in its own column.
 //
 // KD_LT_SEARCH=1 gemm_lt_bench OUT_PREFIX COMMIT COMMAND: beyond the heuristic's list, every
-// configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck) for the products of more than 256 keys at
-// KD_LT_SEARCH_MS rows (default 32,128): each algorithm id's tiles x stages (only its automatic stage
-// counts where it has any) x K split 1 / 2 / 4 / 8 first (screened: 3 replays), then for the 8 fastest
-// every cluster shape x CTA swizzling x custom option, then the 5 fastest of all timed again as above
-// (15 replays) beside cublasGemmEx and the heuristic's first. Every candidate's output is checked
-// against cublasGemmEx's before it is timed.
-// Writes OUT_PREFIX.json / .md (the best configuration found per product and row count).
+// configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck) for the preset's products of more than 256
+// keys but the head, or for KD_LT_SEARCH_SHAPES=NxK,... (another model's weights), at KD_LT_SEARCH_MS rows
+// (default 32,128): the heuristic's answers, then for each algorithm id with each answer's inner and
+// cluster shape (and with the defaults) its tiles x stages (only its automatic stage counts where it has
+// any) x K split 1 / 2 / 4 / 8 (screened: 3 replays), then for the 8 fastest every cluster shape x CTA
+// swizzling x custom option, then the 5 fastest of all timed again as above (15 replays) beside
+// cublasGemmEx and the heuristic's first. Every candidate's output is checked against cublasGemmEx's
+// before it is timed. Writes OUT_PREFIX.json / .md (the best configuration found per product and row
+// count) and OUT_PREFIX.table: those at least 2 % faster than the heuristic's first, as an operator's
+// table for KDECODE_CUDA_LT_TABLE (kd/lt_table.h), read back with the backend's parser.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
