@@ -31,20 +31,19 @@ START_TEST(reads_a_table) {
     ck_assert_int_eq(t[0].K, 4096);
     ck_assert_int_eq(t[0].m_lo, 12);
     ck_assert_int_eq(t[0].m_hi, 24);
-    ck_assert_int_eq(t[0].c.full, 1);
-    ck_assert_int_eq(t[0].c.cfg.id, 66);
-    ck_assert_uint_eq(t[0].c.cfg.tile, 183);
-    ck_assert_uint_eq(t[0].c.cfg.stages, 35);
-    ck_assert_int_eq(t[0].c.cfg.split_k, 4);
-    ck_assert_uint_eq(t[0].c.cfg.reduction, 2);
-    ck_assert_uint_eq(t[0].c.cfg.swizzle, 0);
-    ck_assert_uint_eq(t[0].c.cfg.custom, 4);
-    ck_assert_uint_eq(t[0].c.cfg.cluster, 4);
-    ck_assert_uint_eq(t[0].c.cfg.inner, 0);
-    ck_assert_uint_eq(t[1].c.cfg.swizzle, 1);
-    ck_assert_uint_eq(t[1].c.cfg.inner, 3);
+    ck_assert_int_eq(t[0].c.id, 66);
+    ck_assert_uint_eq(t[0].c.tile, 183);
+    ck_assert_uint_eq(t[0].c.stages, 35);
+    ck_assert_int_eq(t[0].c.split_k, 4);
+    ck_assert_uint_eq(t[0].c.reduction, 2);
+    ck_assert_uint_eq(t[0].c.swizzle, 0);
+    ck_assert_uint_eq(t[0].c.custom, 4);
+    ck_assert_uint_eq(t[0].c.cluster, 4);
+    ck_assert_uint_eq(t[0].c.inner, 0);
+    ck_assert_uint_eq(t[1].c.swizzle, 1);
+    ck_assert_uint_eq(t[1].c.inner, 3);
     ck_assert_int_eq(t[2].N, 18432);
-    ck_assert_uint_eq(t[2].c.cfg.custom, 7);
+    ck_assert_uint_eq(t[2].c.custom, 7);
     ck_assert_ptr_eq(kd_lt_table_find(t, n, 12, 2304, 4096), &t[0]);
     ck_assert_ptr_eq(kd_lt_table_find(t, n, 24, 2304, 4096), &t[0]);
     ck_assert_ptr_null(kd_lt_table_find(t, n, 25, 2304, 4096));
@@ -97,11 +96,11 @@ START_TEST(refuses_bad_lines) {
                        "1 1 1 1 0 0 0 1 0 0 0 0 0\n";
     ck_assert_msg(parse(edge, t, 8, &err) == 2, "%s", err.msg);
     ck_assert_int_eq(t[0].N, 2147483647);
-    ck_assert_int_eq(t[0].c.cfg.id, 2147483647);
-    ck_assert_uint_eq(t[0].c.cfg.tile, 4294967295u);
-    ck_assert_int_eq(t[0].c.cfg.split_k, 2147483647);
-    ck_assert_uint_eq(t[0].c.cfg.cluster, 65535);
-    ck_assert_uint_eq(t[0].c.cfg.inner, 65535);
+    ck_assert_int_eq(t[0].c.id, 2147483647);
+    ck_assert_uint_eq(t[0].c.tile, 4294967295u);
+    ck_assert_int_eq(t[0].c.split_k, 2147483647);
+    ck_assert_uint_eq(t[0].c.cluster, 65535);
+    ck_assert_uint_eq(t[0].c.inner, 65535);
     /* the same rows of other shapes do not overlap */
     ck_assert_int_eq(parse("1 2 5 9 0 0 0 1 0 0 0 0 0\n2 1 5 9 0 0 0 1 0 0 0 0 0\n1 2 10 10 0 0 0 1 0 0 0 0 0\n", t,
                            8, &err),
@@ -135,8 +134,7 @@ START_TEST(random_round_trip) {
             e->N = 1 + (int64_t)(kd_test_rng_u64(&r) % 200000), e->K = 1 + i; /* distinct shapes: no overlap */
             e->m_lo = 1 + (int64_t)(kd_test_rng_u64(&r) % 512);
             e->m_hi = e->m_lo + (int64_t)(kd_test_rng_u64(&r) % 64);
-            e->c.full = 1;
-            kd_lt_config *c = &e->c.cfg;
+            kd_lt_config *c = &e->c;
             c->id = (int32_t)(kd_test_rng_u64(&r) % 100), c->tile = (uint32_t)kd_test_rng_u64(&r);
             c->stages = (uint32_t)kd_test_rng_u64(&r), c->split_k = 1 + (int32_t)(kd_test_rng_u64(&r) % 16);
             c->reduction = (uint32_t)(kd_test_rng_u64(&r) % 8), c->swizzle = (uint32_t)(kd_test_rng_u64(&r) % 2);
@@ -155,8 +153,7 @@ START_TEST(random_round_trip) {
             ck_assert_int_eq(got[i].K, want[i].K);
             ck_assert_int_eq(got[i].m_lo, want[i].m_lo);
             ck_assert_int_eq(got[i].m_hi, want[i].m_hi);
-            ck_assert_int_eq(got[i].c.full, 1);
-            ck_assert(!memcmp(&got[i].c.cfg, &want[i].c.cfg, sizeof got[i].c.cfg));
+            ck_assert(!memcmp(&got[i].c, &want[i].c, sizeof got[i].c));
             const uint64_t span = (uint64_t)(want[i].m_hi - want[i].m_lo + 1);
             const int64_t M = want[i].m_lo + (int64_t)(kd_test_rng_u64(&r) % span);
             ck_assert_ptr_eq(kd_lt_table_find(got, m, M, want[i].N, want[i].K), &got[i]);
@@ -189,7 +186,7 @@ START_TEST(loads_files) {
     ck_assert_int_eq(kd_lt_table_load(p, &t, &err), 2);
     ck_assert_ptr_nonnull(t);
     ck_assert_int_eq(t[1].m_hi, 16);
-    ck_assert_uint_eq(t[1].c.cfg.tile, 448);
+    ck_assert_uint_eq(t[1].c.tile, 448);
     free(t), free(p);
     p = write_file(dir, "empty.table", "", 0);
     t = (kd_lt_entry *)1;

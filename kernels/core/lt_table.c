@@ -55,8 +55,7 @@ static int parse_line(const char *p, const char *end, int line, kd_lt_entry *e, 
                                     (unsigned long long)v[3]);
     memset(e, 0, sizeof *e);
     e->N = (int64_t)v[0], e->K = (int64_t)v[1], e->m_lo = (int64_t)v[2], e->m_hi = (int64_t)v[3];
-    e->c.full = 1;
-    kd_lt_config *c = &e->c.cfg;
+    kd_lt_config *c = &e->c;
     c->id = (int32_t)v[4], c->tile = (uint32_t)v[5], c->stages = (uint32_t)v[6], c->split_k = (int32_t)v[7];
     c->reduction = (uint32_t)v[8], c->swizzle = (uint32_t)v[9], c->custom = (uint32_t)v[10];
     c->cluster = (uint16_t)v[11], c->inner = (uint16_t)v[12];

@@ -171,7 +171,7 @@ struct cu_backend {
     cublasHandle_t blas_side; // the products on the second stream (side_rows): their own handle and workspace
     void *blas_ws_side;
     kd_cu_lt *lt; // bf16 products the skinny kernel does not take (gemm_lt.cuh); NULL: cublasGemmEx
-    int lt_mode;  // 0: cublasGemmEx, 1: cuBLASLt's first algorithm, 2: kd_cu_lt_pick's table too (kd_cuda_set_lt)
+    int lt_mode;  // 0: cublasGemmEx, 1: cuBLASLt's first algorithm, 2: the table too (gemm_lt.cu) (kd_cuda_set_lt)
     // allocations to free (device and pinned host)
     void **dallocs;
     size_t n_dallocs, cap_dallocs;

@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <deque>
@@ -1708,6 +1709,52 @@ static void lt_case(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int pad, floa
     (void)cudaGetLastError();
 }
 
+// kd_backend_create by name with the environment's KDECODE_CUDA_LT_TABLE (the worker's
+// --backend): "auto" on a usable GPU whose backend cannot be made (a table that does not parse,
+// a file that is missing) fails with that reason instead of running on the CPU; a table that
+// parses gives the CUDA backend; "cpu" does not read it. The variable as it was afterwards.
+static void backend_select_checks() {
+    const char *was = getenv("KDECODE_CUDA_LT_TABLE");
+    std::string saved = was ? was : "";
+    char bad[] = "/tmp/kd_lt_table_XXXXXX", good[] = "/tmp/kd_lt_table_XXXXXX";
+    const int fb = mkstemp(bad), fg = mkstemp(good);
+    const char *tb = "# the fields of one entry, the last missing\n2304 4096 48 48 66 312 35 1 0 0 1 2\n";
+    const char *tg = "2304 4096 48 48 66 312 35 1 0 0 1 2 0\n";
+    const bool files = fb >= 0 && fg >= 0 && write(fb, tb, strlen(tb)) == (ssize_t)strlen(tb) &&
+                       write(fg, tg, strlen(tg)) == (ssize_t)strlen(tg);
+    if (fb >= 0) close(fb);
+    if (fg >= 0) close(fg);
+    report(files, "[backend selection: table files written] %s %s", bad, good);
+    struct Case {
+        const char *name, *file;
+        int bf;
+        const char *want; // the backend made, or NULL: refused with a message holding `err`
+        const char *err;
+    } cases[] = {
+        {"auto", bad, 1, nullptr, "line 2: 12 fields"},
+        {"cuda", bad, 0, nullptr, "line 2: 12 fields"},
+        {"auto", "/nonexistent/kd_lt_table", 1, nullptr, "KDECODE_CUDA_LT_TABLE"},
+        {"auto", good, 1, "cuda", nullptr},
+        {"auto", "", 0, "cuda", nullptr},
+        {"cpu", bad, 0, "cpu", nullptr},
+        {"gpu", "", 0, nullptr, "unknown backend"},
+    };
+    for (const Case &c : cases) {
+        if (*c.file) setenv("KDECODE_CUDA_LT_TABLE", c.file, 1);
+        else unsetenv("KDECODE_CUDA_LT_TABLE");
+        kd_err err = {{0}};
+        kd_backend *b = kd_backend_create(c.name, c.bf, &err);
+        const char *got = b ? b->ops->name : nullptr;
+        const bool ok = c.want ? got && !strcmp(got, c.want) : !b && strstr(err.msg, c.err) != nullptr;
+        report(ok, "[backend selection: --backend %s, KDECODE_CUDA_LT_TABLE=%s] %s (%s)", c.name,
+               *c.file ? c.file : "(unset)", got ? got : "refused", err.msg);
+        if (b) kd_backend_free(b);
+    }
+    if (was) setenv("KDECODE_CUDA_LT_TABLE", saved.c_str(), 1);
+    else unsetenv("KDECODE_CUDA_LT_TABLE");
+    unlink(bad), unlink(good);
+}
+
 static void lt_checks(uint64_t seed, bool quick) {
     kd_cu_lt *lt = NULL;
     void *ws = NULL;
@@ -1753,11 +1800,8 @@ static void lt_checks(uint64_t seed, bool quick) {
             int p0 = 0;
             kd_cu_lt_stats(lt, NULL, &p0);
             char what[64];
-            if (tab[i].c.full)
-                snprintf(what, sizeof what, "table entry %d (algorithm %d tile %u)", i, tab[i].c.cfg.id,
-                         tab[i].c.cfg.tile);
-            else
-                snprintf(what, sizeof what, "table entry %d (rank %d split-K %d)", i, tab[i].c.rank, tab[i].c.split_k);
+            snprintf(what, sizeof what, "table entry %d (algorithm %d tile %u split-K %d)", i, tab[i].c.id,
+                     tab[i].c.tile, tab[i].c.split_k);
             lt_case(lt, M, tab[i].N, tab[i].K, 0, (i + (int)M) % 2 ? 1.f : 0.f, seed + 100 + 2 * i + (M == tab[i].m_hi),
                     4096, what, ws);
             int p1 = 0;
@@ -1889,6 +1933,7 @@ int main(int argc, char **argv) {
     /* not in the skinny mode (racecheck): these run cuBLAS's kernels, none of this project's; racecheck
      * reported hazards inside them (its Hopper nvjet kernels; logs/cuda_test_racecheck_cublas_h200_b911e05.log) */
     lt_checks(seed + 43, quick);
+    backend_select_checks();
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         for (int bf = 0; bf < 2; bf++)
             for (kd_commit_mode mode : modes) {

@@ -16,25 +16,29 @@ struct Plan {
 };
 
 // A configuration of cuBLASLt's Hopper algorithm (id 66, automatic stage count 35) with the
-// tile, custom option, cluster shape and K split the search found (a split's partial sums
-// reduced in the compute type through the workspace: deterministic).
-constexpr kd_lt_choice hopper(uint32_t tile, uint32_t custom, uint16_t cluster, int32_t split_k = 1) {
-    return {0, 0, 1, {66, tile, 35, split_k, split_k > 1 ? 2u : 0u, 0, custom, cluster, 0}};
+// tile, custom option, cluster shape and K split found (a split's partial sums reduced through
+// the workspace, in the compute type (reduction 2) or the output type (4): both fp32 here, and
+// deterministic).
+constexpr kd_lt_config hopper(uint32_t tile, uint32_t custom, uint16_t cluster, int32_t split_k = 1,
+                              uint32_t reduction = 2) {
+    return {66, tile, 35, split_k, split_k > 1 ? reduction : 0u, 0, custom, cluster, 0};
 }
 
 // Measured on the H200 (tests/bench/gemm_lt_bench.cu; 32 MiB of workspace): the 48B preset's
 // shapes where a choice ran faster than the heuristic's first, at the row counts measured (a
 // range only where the same choice won at every row count measured in it). A step's products
 // have rows x window rows (graphs pad the rows to a power of two): 2^k and 3 x 2^k are
-// measured. Heuristic ranks (results/gemm_lt_h200.md): where a candidate of the heuristic's
-// list ran at least 4 % faster (the run-to-run spread is up to about 3 %). Whole configurations
-// (results/gemm_lt_search_h200.md, KD_LT_SEARCH=1: every configuration cuBLASLt accepts, the 5
-// fastest re-timed beside the heuristic's first in the same process): at least 2 % faster
-// there, and re-timed by the main table's pick column (gate|up at 64 rows, 2 % faster in the
-// search, was 3 % slower there at c11b690: left out). The figures: the heuristic's first ->
-// this choice, us. The head runs in chunks of at most 256 rows (cuda_backend.cu).
+// measured. From the main table (results/gemm_lt_h200.md): where a candidate of the
+// heuristic's list of 32 (or one of its first 4 with K split) ran at least 4 % faster (the
+// run-to-run spread is up to about 3 %): o_proj 2-8, down_proj 2-4 and the head, the candidate's
+// configuration as that table prints it. From the search (results/gemm_lt_search_h200.md,
+// KD_LT_SEARCH=1: every configuration cuBLASLt accepts, the 5 fastest re-timed beside the
+// heuristic's first in the same process): at least 2 % faster there, and re-timed by the main
+// table's pick column (gate|up at 64 rows, 2 % faster in the search, was 3 % slower there at
+// c11b690: left out). The figures: the heuristic's first -> this choice, us. The head runs in
+// chunks of at most 256 rows (cuda_backend.cu).
 const kd_lt_entry kPicks[] = {
-    {2304, 4096, 2, 8, {2, 8, 0, {}}},    // o_proj: 9.24 -> 8.75 at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
+    {2304, 4096, 2, 8, hopper(448, 1, 4, 8, 4)}, // o_proj: 9.24 -> 8.75 at 2 rows, 9.14 -> 8.80 at 4, 9.18 -> 8.83 at 8
     {2304, 4096, 12, 12, hopper(183, 4, 4, 4)}, // 9.25 -> 8.95
     {2304, 4096, 24, 24, hopper(183, 4, 4, 4)}, // 9.35 -> 9.02
     {2304, 4096, 32, 32, hopper(12, 2, 4)},     // 9.44 -> 9.10
@@ -46,7 +50,7 @@ const kd_lt_entry kPicks[] = {
     {2304, 4096, 256, 256, hopper(124, 0, 2)},  // 11.24 -> 10.09
     {2304, 4096, 384, 384, hopper(18, 0, 3)},   // 18.24 -> 13.17
     {2304, 4096, 512, 512, hopper(125, 4, 2)},  // 15.88 -> 14.86
-    {2304, 9216, 2, 4, {2, 16, 0, {}}},   // down_proj: 15.42 -> 14.70 at 4 rows (14.88 -> 14.62 at 2)
+    {2304, 9216, 2, 4, hopper(448, 1, 4, 16, 4)}, // down_proj: 15.42 -> 14.70 at 4 rows (14.88 -> 14.62 at 2)
     {2304, 9216, 128, 128, hopper(80, 0, 2)},   // 19.05 -> 16.88
     {2304, 9216, 192, 192, hopper(15, 0, 2)},   // 19.94 -> 18.96
     {2304, 9216, 256, 256, hopper(124, 0, 2)},  // 25.67 -> 19.84
@@ -71,9 +75,9 @@ const kd_lt_entry kPicks[] = {
     {18432, 2304, 128, 128, hopper(183, 0, 2)}, // 27.86 -> 26.68
     {18432, 2304, 192, 192, hopper(217, 0, 2)}, // 36.65 -> 30.22
     {18432, 2304, 512, 512, hopper(184, 2, 5)}, // 64.24 -> 60.27
-    {163840, 2304, 64, 64, {6, 0, 0, {}}},      // head: 202.4 -> 190.2
-    {163840, 2304, 128, 128, {5, 0, 0, {}}},    // 224.7 -> 206.9
-    {163840, 2304, 256, 256, {3, 0, 0, {}}},    // 300.0 -> 273.9
+    {163840, 2304, 64, 64, hopper(18, 1, 3)},   // head: 202.4 -> 190.2
+    {163840, 2304, 128, 128, hopper(20, 1, 3)}, // 224.7 -> 206.9
+    {163840, 2304, 256, 256, hopper(197, 2, 5)}, // 300.0 -> 273.9
 };
 const int kNumPicks = (int)(sizeof kPicks / sizeof kPicks[0]);
 
@@ -156,12 +160,6 @@ int kd_cu_lt_table(const kd_lt_entry **out) {
     return kNumPicks;
 }
 
-int kd_cu_lt_pick(int64_t M, int64_t N, int64_t K, kd_lt_choice *out) {
-    const kd_lt_entry *e = kd_lt_table_find(kPicks, kNumPicks, M, N, K);
-    if (e) *out = e->c;
-    return e != nullptr;
-}
-
 int kd_cu_lt_config_algo(cublasLtHandle_t h, const kd_lt_config *cp, cublasLtMatmulAlgo_t *a) {
     const kd_lt_config &c = *cp;
     if (cublasLtMatmulAlgoInit(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
@@ -213,38 +211,20 @@ cublasStatus_t plan_make(kd_cu_lt *lt, Plan *p) {
     const size_t ws = p->ws_bytes;
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    kd_lt_choice c = {};
     const kd_lt_entry *hit = !lt->on         ? nullptr
                              : lt->user_set ? kd_lt_table_find(lt->user, lt->n_user, p->M, p->N, p->K)
                              : lt->table_ok ? kd_lt_table_find(kPicks, kNumPicks, p->M, p->N, p->K)
                                             : nullptr;
-    const int pick = hit != nullptr;
-    if (hit) c = hit->c;
-    cublasLtMatmulHeuristicResult_t res[32];
+    cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
-    const int want = pick && !c.full ? 32 : 1; /* the list as measured (gemm_lt_bench asks for 32) */
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulAlgoGetHeuristic(lt->h, p->op, p->lw, p->la, p->lc, p->lc, pref, want, res, &nres);
+        s = cublasLtMatmulAlgoGetHeuristic(lt->h, p->op, p->lw, p->la, p->lc, p->lc, pref, 1, &res, &nres);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (s == CUBLAS_STATUS_SUCCESS && nres < 1) s = CUBLAS_STATUS_NOT_SUPPORTED;
     if (s != CUBLAS_STATUS_SUCCESS) return s;
-    p->algo = res[0].algo;
+    p->algo = res.algo;
     cublasLtMatmulAlgo_t a;
-    int ok = 0;
-    if (pick && c.full) {
-        ok = kd_cu_lt_config_algo(lt->h, &c.cfg, &a);
-    } else if (pick && c.rank < nres) { // a shorter list than on the device measured: the first
-        a = res[c.rank].algo;
-        ok = 1;
-        if (c.split_k > 1) {
-            const int32_t sk = c.split_k;
-            const uint32_t red = CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-            ok = cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ==
-                     CUBLAS_STATUS_SUCCESS &&
-                 cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red) ==
-                     CUBLAS_STATUS_SUCCESS;
-        }
-    }
+    int ok = hit && kd_cu_lt_config_algo(lt->h, &hit->c, &a);
     if (ok) { /* cuBLASLt accepts it for these descriptors within the workspace given */
         cublasLtMatmulHeuristicResult_t chk;
         ok = cublasLtMatmulAlgoCheck(lt->h, p->op, p->lw, p->la, p->lc, p->lc, &a, &chk) == CUBLAS_STATUS_SUCCESS &&

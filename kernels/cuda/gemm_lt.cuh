@@ -7,9 +7,9 @@
 // hundreds of rows against weights of thousands of rows) that is often not the fastest of the
 // algorithms cuBLAS has: measured on the H200
 // (tests/bench/gemm_lt_bench.cu, results/gemm_lt_h200.md and gemm_lt_search_h200.md),
-// kd_cu_lt_pick names for the 48B preset's shapes the heuristic rank (and the split of K), or
-// the whole configuration (a tile, cluster shape and option the heuristic does not offer at
-// that shape), that was fastest there. The choice
+// the backend's table names for the 48B preset's shapes the whole configuration (algorithm,
+// tile, cluster shape, K split, option: often one the heuristic does not offer at that shape)
+// that was fastest there. The choice
 // is a table, not a timing at run time: the same build on the same device and cuBLAS always
 // runs the same algorithm, so a product's bits do not depend on a race between candidates.
 //
@@ -33,7 +33,7 @@
 
 typedef struct kd_cu_lt kd_cu_lt;
 
-// The table's types (kd_lt_config, kd_lt_choice, kd_lt_entry) and its text form: kd/lt_table.h.
+// The table's types (kd_lt_config, kd_lt_entry) and its text form: kd/lt_table.h.
 // A choice is checked by cublasLtMatmulAlgoCheck when its plan is made: where cuBLASLt
 // refuses it (another cuBLAS than the one measured), the product takes the heuristic's first.
 
@@ -58,13 +58,9 @@ void kd_cu_lt_set_table(kd_cu_lt *lt, int on);
 // it was), cudaErrorInvalidValue for n < 0 or no entries given. Drops the plans made.
 cudaError_t kd_cu_lt_use_table(kd_cu_lt *lt, const kd_lt_entry *tab, int n);
 
-// The built-in table (tests): its entries in *out, their number returned.
+// The built-in table (used on a device of compute capability 9.0 with at least 132 SMs, the
+// H200 kind it was measured on; tests): its entries in *out, their number returned.
 int kd_cu_lt_table(const kd_lt_entry **out);
-
-// The table's choice for this shape on a device of compute capability 9.0 with at least 132
-// SMs (the H200 it was measured on): 1 and *out where it names one, 0 where the heuristic's
-// first algorithm is as fast.
-int kd_cu_lt_pick(int64_t M, int64_t N, int64_t K, kd_lt_choice *out);
 
 // The product above on stream s, with the workspace given. CUBLAS_STATUS_INVALID_VALUE for
 // shapes out of range (any dimension below 1 or at least 2^31, a leading dimension below its

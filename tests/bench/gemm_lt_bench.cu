@@ -10,7 +10,7 @@
 // (where cublasLtMatmulAlgoCheck takes it). Each: a CUDA graph of L launches, each on its own
 // copy of the weights (together more than 4 times the L2), median of 15 replays, per launch;
 // its output against cublasGemmEx's (max error relative to the largest magnitude). The
-// backend's pick (kd_cu_lt_pick) is timed in the same way in its own column.
+// backend's pick (its table, gemm_lt.cu) is timed in the same way in its own column.
 //
 // KD_LT_SEARCH=1 gemm_lt_bench OUT_PREFIX COMMIT COMMAND: beyond the heuristic's list, every
 // configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck) for the preset's products of more than 256

@@ -34,19 +34,10 @@ typedef struct kd_lt_config {
     uint16_t cluster, inner;
 } kd_lt_config;
 
-/* A table's choice: either (full 0) the rank in cuBLASLt's heuristic list for the shape
- * (asked for 32 algorithms; 0: the first) and, where split_k > 1, that algorithm with K split
- * that many ways; or (full 1) the configuration cfg. */
-typedef struct kd_lt_choice {
-    int rank, split_k;
-    int full;
-    kd_lt_config cfg;
-} kd_lt_choice;
-
-/* One entry: products of N x K weights at M in [m_lo, m_hi] take choice c. */
+/* One entry: products of N x K weights at M in [m_lo, m_hi] run configuration c. */
 typedef struct kd_lt_entry {
     int64_t N, K, m_lo, m_hi;
-    kd_lt_choice c;
+    kd_lt_config c;
 } kd_lt_entry;
 
 /* The most entries a table holds, and the largest file read. */
