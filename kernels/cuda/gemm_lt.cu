@@ -30,8 +30,10 @@ constexpr kd_lt_config hopper(uint32_t tile, uint32_t custom, uint16_t cluster, 
 // have rows x window rows (graphs pad the rows to a power of two): 2^k and 3 x 2^k are
 // measured. From the main table (results/gemm_lt_h200.md): where a candidate of the
 // heuristic's list of 32 (or one of its first 4 with K split) ran at least 4 % faster (the
-// run-to-run spread is up to about 3 %): o_proj 2-8, down_proj 2-4 and the head, the candidate's
-// configuration as that table prints it. From the search (results/gemm_lt_search_h200.md,
+// run-to-run spread is up to about 3 %): o_proj 2-8 and the head, the candidate's configuration
+// as that table prints it (the down projection at 2-4 rows, K split 16 ways, was 4 % faster at
+// c11b690 and 5 % slower at b7c7e08, where a split of 8 was the best: left out; at 2-4 rows the
+// step runs the skinny kernel's forms, not cuBLAS). From the search (results/gemm_lt_search_h200.md,
 // KD_LT_SEARCH=1: every configuration cuBLASLt accepts, the 5 fastest re-timed beside the
 // heuristic's first in the same process): at least 2 % faster there, and re-timed by the main
 // table's pick column (gate|up at 64 rows, 2 % faster in the search, was 3 % slower there at
@@ -50,8 +52,7 @@ const kd_lt_entry kPicks[] = {
     {2304, 4096, 256, 256, hopper(124, 0, 2)},  // 11.24 -> 10.09
     {2304, 4096, 384, 384, hopper(18, 0, 3)},   // 18.24 -> 13.17
     {2304, 4096, 512, 512, hopper(125, 4, 2)},  // 15.88 -> 14.86
-    {2304, 9216, 2, 4, hopper(448, 1, 4, 16, 4)}, // down_proj: 15.42 -> 14.70 at 4 rows (14.88 -> 14.62 at 2)
-    {2304, 9216, 128, 128, hopper(80, 0, 2)},   // 19.05 -> 16.88
+    {2304, 9216, 128, 128, hopper(80, 0, 2)},   // down_proj: 19.05 -> 16.88
     {2304, 9216, 192, 192, hopper(15, 0, 2)},   // 19.94 -> 18.96
     {2304, 9216, 256, 256, hopper(124, 0, 2)},  // 25.67 -> 19.84
     {2304, 9216, 384, 384, hopper(105, 0, 2)},  // 34.20 -> 27.09
