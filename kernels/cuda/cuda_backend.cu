@@ -42,8 +42,9 @@
 // accepted) of every layer run in one launch before the first layer, since their inputs are
 // the step before's records (kd_cu_conv_fold_layers; kd_cuda_set_fold_layers(0): one a layer).
 // f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
-// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows, then as two cuBLAS
-// products.
+// (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows, then (bf16, K = V)
+// as one strided batched cuBLAS launch of the two (their weights in one allocation, the raw and
+// output gates in another, so one stride steps from each operand to the other).
 // In forwards of at most 2 requests, 16 more blocks of each layer's gated RMSNorm launch
 // prefetch gate|up's first rows into the L2 (20 % of it, 12.5 MB on an H200; bulk prefetches,
 // kd_cuda_set_prefetch mode 4): the gated norm is the KDA verify's programmatic dependent, so
@@ -209,6 +210,7 @@ struct cu_backend {
     int rows_form; // kd_cuda_set_skinny_rows_form: 2-4 rows, K > 256 (0: the pick, -1: cuBLAS, or a form)
     int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
+    int64_t pair_batched; // their strided batched cuBLAS launches made (kd_cuda_pair_batched)
     int swiglu;      // gate|up and SwiGLU in one launch where the skinny kernel takes gate|up (kd_cuda_set_swiglu)
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
     int conv_prep;   // the conv + prepare kernel: 0 by rows (conv_prep_rows), 1 at every row count
@@ -398,6 +400,17 @@ int take(cu_backend *cb, T **out, const kd_tensor *t, int64_t n, int gemm, const
     return upload(cb, *out, 0, bf, t, n, what, layer, err);
 }
 
+// Two GEMM weights in one allocation, the second right after the first (f_proj.1 | g_proj.1:
+// gemm_pair's batched launch steps from one to the other).
+int take_pair(cu_backend *cb, void **out0, const kd_tensor *t0, int64_t n0, void **out1, const kd_tensor *t1, int64_t n1,
+              const char *what0, const char *what1, int32_t layer, kd_err *err) {
+    const size_t elem = cb->bf16 ? 2 : 4;
+    if (dalloc(cb, out0, n0 + n1, elem, what0, err)) return -1;
+    *out1 = (char *)*out0 + (size_t)n0 * elem;
+    return upload(cb, *out0, 0, cb->bf16, t0, n0, what0, layer, err) ||
+           upload(cb, *out1, 0, cb->bf16, t1, n1, what1, layer, err);
+}
+
 int cu_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err *err) {
     cu_backend *cb = SELF(b);
     if (cb->layers) return kd_fail(err, "cuda backend: weights already loaded");
@@ -430,10 +443,10 @@ int cu_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err
         const kd_layer_tensors *t = &w->layers[l];
         cu_layer *L = &cb->layers[l];
         if (take(cb, &L->attn_norm, &t->attn_norm, D, 0, "attn_norm", l, err) ||
-            take(cb, &L->f1, &t->f_proj1, HV * K * V, 1, "f_proj.1", l, err) ||
+            take_pair(cb, &L->f1, &t->f_proj1, HV * K * V, &L->g1, &t->g_proj1, HV * V * V, "f_proj.1", "g_proj.1", l,
+                      err) ||
             take(cb, &L->A_log, &t->A_log, HV, 0, "A_log", l, err) ||
             take(cb, &L->dt_bias, &t->dt_bias, HV * K, 0, "dt_bias", l, err) ||
-            take(cb, &L->g1, &t->g_proj1, HV * V * V, 1, "g_proj.1", l, err) ||
             take(cb, &L->g1_bias, &t->g_proj1_bias, HV * V, 0, "g_proj.1.bias", l, err) ||
             take(cb, &L->o_norm, &t->o_norm, V, 0, "o_norm", l, err) ||
             take(cb, &L->w_o, &t->o_proj, D * HV * V, 1, "o_proj", l, err) ||
@@ -521,8 +534,9 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc(cb, &cb->h, N * cb->D, as, "normed hidden", err) ||
         dalloc_t(cb, &cb->proj, N * cb->P, 4, "fused projection", err) ||
         dalloc(cb, &cb->fg0, cb->bf16 ? N * 2 * V : 1, as, "f_proj.0|g_proj.0 (bf16)", err) ||
-        dalloc_t(cb, &cb->graw, N * HV * K, 4, "raw gate", err) ||
-        dalloc_t(cb, &cb->gate, N * cb->VD, 4, "output gate", err) ||
+        /* one allocation, the output gate after the raw gate (gemm_pair's batched launch) */
+        dalloc_t(cb, &cb->graw, N * HV * K + N * cb->VD, 4, "raw gate | output gate", err) ||
+        !(cb->gate = cb->graw + N * HV * K) ||
         dalloc_t(cb, &cb->q, N * cb->QK, 4, "q", err) || dalloc_t(cb, &cb->k, N * cb->QK, 4, "k", err) ||
         dalloc_t(cb, &cb->v, N * cb->VD, 4, "v", err) ||
         dalloc_t(cb, &cb->qn, N * cb->QK, 4, "q normed", err) ||
@@ -779,6 +793,25 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
             return kd_fail(err, "cuda backend: skinny GEMM pair %s%s (M %lld N %lld + %lld K %lld): %s", what,
                            with_conv ? " with the conv" : "", (long long)M, (long long)N0, (long long)N1, (long long)K,
                            cudaGetErrorString(e));
+        return 0;
+    }
+    /* past the skinny kernel's rows: one strided batched cuBLAS launch of both where their shapes
+     * and leading dimensions match and each operand's second matrix lies after its first (the
+     * backend's allocations: take_pair, the gate buffers), else one product after the other */
+    const uintptr_t a0 = (uintptr_t)A0, a1 = (uintptr_t)A1, w0 = (uintptr_t)W0, w1 = (uintptr_t)W1;
+    const uintptr_t c0 = (uintptr_t)C0, c1 = (uintptr_t)C1;
+    if (cb->bf16 && cb->pair && N0 == N1 && lda0 == lda1 && ldw0 == ldw1 &&
+        ldc0 == ldc1 && a1 > a0 && w1 > w0 && c1 > c0 && (a1 - a0) % 2 == 0 && (w1 - w0) % 2 == 0 &&
+        (c1 - c0) % 4 == 0 && M <= 0x7fffffff && N0 <= 0x7fffffff && K <= 0x7fffffff) {
+        const float alpha = 1.f, beta = 0.f;
+        const cublasStatus_t s = cublasGemmStridedBatchedEx(
+            cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N0, (int)M, (int)K, &alpha, W0, CUDA_R_16BF, (int)ldw0,
+            (long long)((w1 - w0) / 2), A0, CUDA_R_16BF, (int)lda0, (long long)((a1 - a0) / 2), &beta, C0, CUDA_R_32F,
+            (int)ldc0, (long long)((c1 - c0) / 4), 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            return kd_fail(err, "cuda backend: cublasGemmStridedBatchedEx (GEMM %s, M %lld N %lld K %lld): %s", what,
+                           (long long)M, (long long)N0, (long long)K, cublasGetStatusString(s));
+        cb->pair_batched++;
         return 0;
     }
     return gemm(cb, M, N0, K, A0, lda0, W0, ldw0, 0.f, C0, ldc0, what, err) ||
@@ -1509,6 +1542,11 @@ extern "C" int kd_cuda_set_prefetch_blocks(kd_backend *b, int blocks) {
 
 extern "C" int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first) {
     return set_switch(b, &cu_backend::pf_gu_first, gate_up_first);
+}
+
+extern "C" int64_t kd_cuda_pair_batched(kd_backend *b) {
+    cu_backend *cb = as_cuda(b);
+    return cb ? cb->pair_batched : -1;
 }
 
 extern "C" void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *replays) {

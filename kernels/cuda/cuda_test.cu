@@ -577,6 +577,11 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
             forward_both(p, "long prefill from zero", b, lg, lc);
             compare_states(p, 4, "after long prefill", false);
         }
+        /* the forwards of more than 32 tokens ran f_proj.1 and g_proj.1 as one batched cuBLAS
+         * launch where their shapes match (bf16, K = V); compared with the CPU above */
+        const int64_t nb = kd_cuda_pair_batched(p.gpu);
+        report(bf && s.K == s.V ? nb > 0 : nb == 0, "%s f_proj.1 + g_proj.1 batched cuBLAS launches: %lld", lab,
+               (long long)nb);
         state_api_checks(p, r);
     }
 done:

@@ -18,6 +18,8 @@
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
+//   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
+//   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
@@ -358,6 +360,28 @@ int main(int argc, char **argv) {
             }
         }
         kd_cuda_set_lt(be, 2);
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_PAIR")) { /* f_proj.1 + g_proj.1 in one launch or two, past the skinny kernel's rows */
+        static std::vector<int32_t> rec(128, 0);
+        const int pts[][2] = {{16, 3}, {32, 1}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
+        for (const auto &pt : pts) {
+            std::vector<double> t[2];
+            for (int r = 0; r < 5; r++)
+                for (int m = 0; m < 2; m++) {
+                    kd_cuda_set_pair(be, m); /* drops the graphs captured with the other */
+                    t[m].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+                }
+            for (int m = 0; m < 2; m++) {
+                std::sort(t[m].begin(), t[m].end());
+                printf("pair: B=%d s=%d (%d rows) %s step %.3f ms (median of 5 rounds of 20; two / this %.3f)\n",
+                       pt[0], pt[1], pt[0] * (1 + pt[1]), m ? "one launch" : "a launch each", t[m][2],
+                       t[0][2] / t[m][2]);
+            }
+        }
+        kd_cuda_set_pair(be, 1);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -233,10 +233,14 @@ int kd_cuda_set_graphs(kd_backend *b, int on);
  * kernels/cuda/launch.cuh), or plain stream order: process-wide; drops the captured graphs
  * (the next batches capture them again). Benchmarks. */
 int kd_cuda_set_pdl(kd_backend *b, int on);
-/* f_proj.1 and g_proj.1 in one launch of the skinny GEMM kernel where it takes both (on by
- * default), or one launch each (off): the same results; drops the captured graphs.
- * Benchmarks and tests. */
+/* f_proj.1 and g_proj.1 in one launch (on by default): of the skinny GEMM kernel where it
+ * takes both (the same results as a launch each), else of cuBLAS's strided batched GEMM (bf16,
+ * same shapes; cuBLAS's kernel for a batch of two may sum in another order than for one); or
+ * one launch each (off). Drops the captured graphs. Benchmarks and tests. */
 int kd_cuda_set_pair(kd_backend *b, int on);
+/* How many of those batched cuBLAS launches the backend has made (captured launches counted
+ * once), -1 for a backend that is not CUDA. Tests. */
+int64_t kd_cuda_pair_batched(kd_backend *b);
 /* The gate|up product and SwiGLU in one launch where the skinny kernel's row or
  * segment-diagonal form takes gate|up (on by default), or SwiGLU in its own kernel after it
  * (off; the same bits); drops the captured graphs. Benchmarks. */
