@@ -130,9 +130,6 @@ constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
 constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
 constexpr int kSideRows = 0; // f_proj.1 / g_proj.1 on the second stream from these rows (0: never; above)
-// The KDA states of a layer's first verify rows prefetched into the L2 after its input projection
-// (kd_cuda_set_state_prefetch): that many rows, in forwards of at least kStatePrefetchMin verify rows.
-constexpr int kStatePrefetchRows = 16, kStatePrefetchMin = 3;
 
 struct cu_layer {
     float *attn_norm, *conv, *A_log, *dt_bias, *g1_bias, *o_norm, *mlp_norm;
@@ -230,8 +227,6 @@ struct cu_backend {
     int64_t pf_bytes, l2_bytes;
     int pf_rows, pf_mode, pf_blocks; // pf_blocks: mode 4's prefetching blocks
     int64_t pf_mlp_bytes; // mode 4: gate|up's next rows from the MLP RMSNorm's launch (kd_cuda_set_prefetch_mlp)
-    int spf_rows, spf_min; // the KDA states of the first spf_rows verify rows prefetched, from spf_min rows
-                           // (kd_cuda_set_state_prefetch)
     int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
     graph_entry graph[kMaxGraphs];
     int64_t graphs_captured, graph_replays;
@@ -1022,14 +1017,6 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             KDA(kd_cu_l2_prefetch(w1, a, cb->pf_mode, cb->side));
             KDA(kd_cu_l2_prefetch(w2, r, cb->pf_mode, cb->side));
         }
-        /* the first verify rows' states of this layer into the L2 while the kernels between here and
-         * the verify (f_proj.1 + g_proj.1, the conv, the prepare) leave the memory idle
-         * (kd_cuda_set_state_prefetch; a hint) */
-        if (cb->spf_rows > 0 && nv >= cb->spf_min && !(sk & KD_CUDA_SKIP_VERIFY)) {
-            kd_kda_args pa = layer_args(cb, l);
-            pa.rows = d_vrows;
-            KDA(kd_kda_state_prefetch(&pa, nv < cb->spf_rows ? nv : cb->spf_rows, s));
-        }
         /* the gates' bf16 copy, f_proj.1 and g_proj.1 on the second stream: the conv, then the prepare,
          * runs beside them (the prepare waits for f_proj.1), the verify beside g_proj.1 (the gated
          * RMSNorm waits for it) */
@@ -1389,7 +1376,6 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
         what = "cudaDeviceGetAttribute (L2 size)";
     cb->l2_bytes = l2;
     cb->pf_rows = 2, cb->pf_mode = 4, cb->pf_gu_first = 1, cb->pf_blocks = 16; /* above */
-    cb->spf_rows = kStatePrefetchRows, cb->spf_min = kStatePrefetchMin;        /* above */
     cb->pf_bytes = default_prefetch_bytes(cb, cb->pf_mode);
     cb->pf_mlp_bytes = (cb->l2_bytes / 10) & ~(int64_t)15; /* above */
     if (!what && ((e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess ||
@@ -1516,13 +1502,6 @@ extern "C" int kd_cuda_set_side_rows(kd_backend *b, int rows) {
     cu_backend *cb = regraph(b);
     if (!cb || rows < 0) return -1;
     cb->side_rows = rows;
-    return 0;
-}
-
-extern "C" int kd_cuda_set_state_prefetch(kd_backend *b, int rows, int min_rows) {
-    cu_backend *cb = regraph(b);
-    if (!cb || rows < 0 || rows > 65535 || min_rows < 1) return -1;
-    cb->spf_rows = rows, cb->spf_min = min_rows;
     return 0;
 }
 

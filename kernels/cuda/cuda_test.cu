@@ -867,8 +867,7 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // and SwiGLU in one launch (kd_cuda_set_swiglu) on the first, SwiGLU in its own kernel on the second.
 // Variant 14: the one-pass KDA verify at every batch size (kd_kda_split(3)) on both, its checkpoint
 // stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
-// the first, plain on the second. Variant 15: the verify rows' KDA states prefetched into the L2
-// (kd_cuda_set_state_prefetch: every row, every forward) on the first, never on the second.
+// the first, plain on the second.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -897,7 +896,6 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              kd_cuda_set_conv_prep(be[i], variant == 9 || variant == 10) == 0 &&
              (variant != 11 || kd_cuda_set_side_rows(be[i], i == 0 ? 1 : 0) == 0) &&
              (variant != 13 || kd_cuda_set_swiglu(be[i], i == 0) == 0) &&
-             (variant != 15 || kd_cuda_set_state_prefetch(be[i], i == 0 ? 64 : 0, 1) == 0) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
@@ -912,7 +910,6 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 11 ? "f/g on a second stream"
                                             : variant == 13 ? "gate|up + SwiGLU launch"
                                             : variant == 14 ? "one-pass verify, store hint"
-                                            : variant == 15 ? "KDA state prefetch"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
@@ -926,7 +923,6 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
              : variant == 13 ? "bf16, gate|up and SwiGLU in one launch / two"
              : variant == 14 ? "bf16, the one-pass verify's checkpoint stores evict-first / plain"
-             : variant == 15 ? "bf16, the verify rows' KDA states prefetched into the L2 in every forward / never"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -1969,7 +1965,6 @@ int main(int argc, char **argv) {
     if (!quick) graph_case(specs[1], seed + 38, 30, 11);
     graph_case(specs[8], seed + 40, quick ? 8 : 30, 13);
     graph_case(specs[1], seed + 44, quick ? 8 : 30, 14);
-    graph_case(specs[quick ? 0 : 1], seed + 45, quick ? 8 : 30, 15);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

@@ -11,7 +11,7 @@ namespace {
 
 // Elements between two slots' states in a layer's state array (the backend keeps each slot's
 // whole state contiguous, layer after layer; 0 means packed [slots][HV][K][V]).
-__host__ __device__ __forceinline__ size_t kda_sstride(const kd_kda_args &a) {
+__device__ __forceinline__ size_t kda_sstride(const kd_kda_args &a) {
     return a.slot_stride ? (size_t)a.slot_stride : (size_t)a.HV * a.K * a.V;
 }
 
@@ -1508,24 +1508,6 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
 }
 
-/* One block a row: its slot's state of the layer, 16 KiB a bulk prefetch (cp.async.bulk.prefetch.L2,
- * sm_90; below it nothing is issued). A block's prefetches go through its SM's copy engine, so n rows
- * take n SMs' engines (about 0.17 TB/s each, ops.cu's weight prefetch): a trickle that fills the L2
- * while the kernels before the verify run, not a flood beside them. */
-__global__ void __launch_bounds__(128) state_prefetch_kernel(const kd_kda_row *rows, const float *state,
-                                                             size_t sstride, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const char *p = (const char *)(state + (size_t)rows[blockIdx.x].slot * sstride);
-    constexpr int64_t kChunk = 16 << 10;
-    for (int64_t o = threadIdx.x * kChunk; o < bytes; o += blockDim.x * kChunk) {
-        const uint32_t n = (uint32_t)(bytes - o < kChunk ? bytes - o : kChunk);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
-    }
-#else
-    (void)rows, (void)state, (void)sstride, (void)bytes;
-#endif
-}
-
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
  * (its per-block prologue, O(T^2 K), is repeated by every column tile of a head): off by
  * default until that prologue moves into kd_kda_prepare. */
@@ -1768,17 +1750,7 @@ extern "C" size_t kd_kda_work_floats(int32_t n_rows, int32_t HV, int32_t K, int3
     return (size_t)n_rows * HV * tc_work_floats(K, (Tw + 7) / 8 * 8);
 }
 
-extern "C" int kd_kda_state_prefetch(const kd_kda_args *a, int n, void *stream) {
-    if (n <= 0) return 0;
-    const int64_t bytes = (int64_t)a->HV * a->K * a->V * (int64_t)sizeof(float);
-    if (!a->rows || !a->state || n > 65535) return cudaErrorInvalidValue;
-    /* bulk prefetches take 16-byte aligned ranges: a layout without them is not prefetched (a hint) */
-    if (((uintptr_t)a->state & 15) || (kda_sstride(*a) * sizeof(float)) % 16 || bytes % 16) return 0;
-    state_prefetch_kernel<<<n, 128, 0, (cudaStream_t)stream>>>(a->rows, a->state, kda_sstride(*a), bytes);
-    return cudaGetLastError();
-}
-
-int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream) {
+extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream) {
     if (a->n_rows == 0) return 0;
     if (a->Tw > 16 || max_len > a->Tw || max_len < 1 || (mode == KD_KDA_DEFERRED && !a->qk))
         return (int)cudaErrorInvalidValue;

@@ -137,12 +137,6 @@ typedef enum { KD_KDA_DEFERRED = 0, KD_KDA_STORE_ALL = 1 } kd_kda_mode;
 // Verify windows: deferred (fold + write the checkpoint + run + records) or store-all
 // (read the accepted state, run, write every state). 0 on success, else a cudaError_t.
 int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *stream);
-// The KDA states of the first n rows of a verify (rows[0..n), their slots in a.state at
-// a.slot_stride) into the L2 by bulk prefetches, one block a row (its HV x K x V floats, 16 KiB a
-// thread), for a verify that runs a few kernels later: issued, not waited for (no result depends
-// on it). In the verify's launch the rows' blocks run in row order, so the first rows' states are
-// read first. 0 on success (n <= 0, or states not 16-byte aligned: nothing), else a cudaError_t.
-int kd_kda_state_prefetch(const kd_kda_args *a, int n, void *stream);
 // The one-pass verify as a programmatic dependent launch of the kernel before it (1, the
 // default: its state tile, the fold's corrections and v are in flight before it waits for that
 // kernel, under the contract of kd_kda_pdl below) or in plain stream order (0; benchmarks).

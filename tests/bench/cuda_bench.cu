@@ -18,9 +18,6 @@
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
-//   KD_BENCH_SPF=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3, the KDA states of the first 0, 8,
-//   16, 24, 32 verify rows prefetched into the L2 after each input projection (kd_cuda_set_state_prefetch, from 1
-//   row), alternated over 5 rounds (printed only).
 //   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
 //   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
@@ -363,27 +360,6 @@ int main(int argc, char **argv) {
             }
         }
         kd_cuda_set_lt(be, 2);
-        kd_engine_free(e);
-        kd_backend_free(be);
-        return 0;
-    }
-    if (getenv("KD_BENCH_SPF")) { /* the KDA states of the first verify rows prefetched into the L2, by rows */
-        static std::vector<int32_t> rec(128, 0);
-        const int pts[][2] = {{1, 0}, {4, 0}, {8, 0}, {16, 0}, {32, 0}, {64, 0}, {128, 0}, {8, 3}, {32, 3}, {128, 3}};
-        const int rows[] = {0, 8, 16, 24, 32};
-        for (const auto &pt : pts) {
-            std::vector<double> t[5];
-            for (int r = 0; r < 5; r++)
-                for (int m = 0; m < 5; m++) {
-                    kd_cuda_set_state_prefetch(be, rows[m], 1); /* drops the graphs captured with the others */
-                    t[m].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
-                }
-            for (int m = 0; m < 5; m++) {
-                std::sort(t[m].begin(), t[m].end());
-                printf("spf: B=%d s=%d states of %2d rows prefetched: step %.3f ms (median of 5 rounds of 20; "
-                       "none / this %.3f)\n", pt[0], pt[1], rows[m], t[m][2], t[0][2] / t[m][2]);
-            }
-        }
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -296,11 +296,6 @@ int kd_cuda_set_conv_prep(kd_backend *b, int always);
  * its own launch; else all on the step's stream (one launch where the skinny kernel takes them).
  * The same bits either way; drops the captured graphs; -1 for rows < 0. Benchmarks and tests. */
 int kd_cuda_set_side_rows(kd_backend *b, int rows);
-/* In forwards of at least min_rows verify rows, each layer's KDA states of its first `rows`
- * verify rows (2 MiB each at the 48B preset) are prefetched into the L2 right after its input
- * projection, for the verify a few kernels later (rows 0: never). The same bits either way;
- * drops the captured graphs; -1 for rows outside 0..65535 or min_rows < 1. Benchmarks and tests. */
-int kd_cuda_set_state_prefetch(kd_backend *b, int rows, int min_rows);
 /* Benchmarks only, to place a step's time without a timeline profiler: leaves the named
  * kernels of every layer (or the head's product) out of the step, so its results are WRONG;
  * the time a step loses is what those kernels cost on its critical path. 0 (the default)
