@@ -402,8 +402,8 @@ int take(cu_backend *cb, T **out, const kd_tensor *t, int64_t n, int gemm, const
 
 // Two GEMM weights in one allocation, the second right after the first (f_proj.1 | g_proj.1:
 // gemm_pair's batched launch steps from one to the other).
-int take_pair(cu_backend *cb, void **out0, const kd_tensor *t0, int64_t n0, void **out1, const kd_tensor *t1, int64_t n1,
-              const char *what0, const char *what1, int32_t layer, kd_err *err) {
+int take_pair(cu_backend *cb, void **out0, const kd_tensor *t0, int64_t n0, void **out1, const kd_tensor *t1,
+              int64_t n1, const char *what0, const char *what1, int32_t layer, kd_err *err) {
     const size_t elem = cb->bf16 ? 2 : 4;
     if (dalloc(cb, out0, n0 + n1, elem, what0, err)) return -1;
     *out1 = (char *)*out0 + (size_t)n0 * elem;

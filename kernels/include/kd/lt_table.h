@@ -44,7 +44,7 @@ typedef struct kd_lt_entry {
 #define KD_LT_TABLE_MAX 4096
 #define KD_LT_TABLE_FILE_MAX (1 << 20)
 
-/* Parses len bytes of text into out (at most cap entries, every one full): the number of
+/* Parses len bytes of text into out (at most cap entries): the number of
  * entries, or -1 with the line and the reason in err. */
 int kd_lt_table_parse(const char *text, size_t len, kd_lt_entry *out, int cap, kd_err *err);
 
