@@ -1721,7 +1721,10 @@ static void lt_case(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int pad, floa
 static void backend_select_checks() {
     const char *was = getenv("KDECODE_CUDA_LT_TABLE");
     std::string saved = was ? was : "";
-    char bad[] = "/tmp/kd_lt_table_XXXXXX", good[] = "/tmp/kd_lt_table_XXXXXX";
+    /* mkstemp's templates in $TMPDIR (else /tmp): the XXXXXX is what it replaces */
+    const char *td = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    std::string tb_path = std::string(td) + "/kd_lt_table_XXXXXX", tg_path = tb_path;
+    char *bad = &tb_path[0], *good = &tg_path[0];
     const int fb = mkstemp(bad), fg = mkstemp(good);
     const char *tb = "# the fields of one entry, the last missing\n2304 4096 48 48 66 312 35 1 0 0 1 2\n";
     const char *tg = "2304 4096 48 48 66 312 35 1 0 0 1 2 0\n";
@@ -1757,7 +1760,8 @@ static void backend_select_checks() {
     }
     if (was) setenv("KDECODE_CUDA_LT_TABLE", saved.c_str(), 1);
     else unsetenv("KDECODE_CUDA_LT_TABLE");
-    unlink(bad), unlink(good);
+    if (fb >= 0) unlink(bad);
+    if (fg >= 0) unlink(good);
 }
 
 static void lt_checks(uint64_t seed, bool quick) {

@@ -149,6 +149,29 @@ static double time_steps(kd_backend *be, int Bn, int T, int64_t vocab, int warm,
     return (now() - tstart) / n * 1e3;
 }
 
+// Steps of B requests with windows of s + 1 at each point, a setting off (m = 0, `off`) and on
+// (m = 1, `on`) in alternated rounds (set(be, m) drops the graphs captured with the other), 5
+// rounds of 20 steps each; prints each one's median and the ratio off / it, then leaves it on.
+static void ab_rounds(kd_backend *be, int64_t vocab, const char *tag, const int (*pts)[2], size_t n,
+                      const char *off, const char *on, const char *off_short, void (*set)(kd_backend *, int)) {
+    static std::vector<int32_t> rec(128, 0);
+    for (size_t i = 0; i < n; i++) {
+        std::vector<double> t[2];
+        for (int r = 0; r < 5; r++)
+            for (int m = 0; m < 2; m++) {
+                set(be, m);
+                t[m].push_back(time_steps(be, pts[i][0], 1 + pts[i][1], vocab, 3, 20, rec, false));
+            }
+        for (int m = 0; m < 2; m++) {
+            std::sort(t[m].begin(), t[m].end());
+            printf("%s: B=%d s=%d (%d rows) %s step %.3f ms (median of 5 rounds of 20; %s / this %.3f)\n", tag,
+                   pts[i][0], pts[i][1], pts[i][0] * (1 + pts[i][1]), m ? on : off, t[m][2], off_short,
+                   t[0][2] / t[m][2]);
+        }
+    }
+    set(be, 1);
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s OUT_PREFIX COMMIT COMMAND\n", argv[0]);
@@ -343,45 +366,17 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (getenv("KD_BENCH_LT")) { /* cuBLASLt's table against its heuristic's first, windows of 3 too (3 x 2^k rows) */
-        static std::vector<int32_t> rec(128, 0);
         const int pts[][2] = {{4, 2}, {8, 2}, {16, 2}, {32, 2}, {64, 2}, {128, 2}, {32, 0}, {128, 0}, {32, 3}};
-        for (const auto &pt : pts) {
-            std::vector<double> t[2];
-            for (int r = 0; r < 5; r++)
-                for (int m = 0; m < 2; m++) {
-                    kd_cuda_set_lt(be, m ? 2 : 1); /* drops the graphs captured with the other */
-                    t[m].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
-                }
-            for (int m = 0; m < 2; m++) {
-                std::sort(t[m].begin(), t[m].end());
-                printf("lt: B=%d s=%d (%d rows) %s step %.3f ms (median of 5 rounds of 20; first / this %.3f)\n",
-                       pt[0], pt[1], pt[0] * (1 + pt[1]), m ? "the table" : "the heuristic's first", t[m][2],
-                       t[0][2] / t[m][2]);
-            }
-        }
-        kd_cuda_set_lt(be, 2);
+        ab_rounds(be, VOC, "lt", pts, sizeof pts / sizeof pts[0], "the heuristic's first", "the table", "first",
+                  [](kd_backend *x, int m) { kd_cuda_set_lt(x, m ? 2 : 1); });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
     }
     if (getenv("KD_BENCH_PAIR")) { /* f_proj.1 + g_proj.1 in one launch or two, past the skinny kernel's rows */
-        static std::vector<int32_t> rec(128, 0);
         const int pts[][2] = {{16, 3}, {32, 1}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
-        for (const auto &pt : pts) {
-            std::vector<double> t[2];
-            for (int r = 0; r < 5; r++)
-                for (int m = 0; m < 2; m++) {
-                    kd_cuda_set_pair(be, m); /* drops the graphs captured with the other */
-                    t[m].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
-                }
-            for (int m = 0; m < 2; m++) {
-                std::sort(t[m].begin(), t[m].end());
-                printf("pair: B=%d s=%d (%d rows) %s step %.3f ms (median of 5 rounds of 20; two / this %.3f)\n",
-                       pt[0], pt[1], pt[0] * (1 + pt[1]), m ? "one launch" : "a launch each", t[m][2],
-                       t[0][2] / t[m][2]);
-            }
-        }
-        kd_cuda_set_pair(be, 1);
+        ab_rounds(be, VOC, "pair", pts, sizeof pts / sizeof pts[0], "a launch each", "one launch", "two",
+                  [](kd_backend *x, int m) { kd_cuda_set_pair(x, m); });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
