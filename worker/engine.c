@@ -295,10 +295,14 @@ kd_submit_status kd_engine_submit(kd_engine *e, const kd_request_params *p, kd_e
 }
 
 int32_t kd_engine_reserve_slot(kd_engine *e) {
-    /* No reset: a handoff writes every byte of the state and checks every section's sum
-     * before the slot can be claimed (a partial or unverified one is released instead). */
+    /* A handoff writes every byte of the state and checks every section's sum before the slot
+     * can be claimed (a partial or unverified one is released instead). The reset before makes
+     * the slot's state the backend's export layout, where a transport writes it directly
+     * (kd_backend_state_regions: a GPU backend keeps the conv windows of running slots elsewhere). */
     for (int32_t s = 0; s < e->cfg.max_seqs; s++)
         if (!e->slots[s] && !e->reserved[s]) {
+            kd_err err;
+            if (kd_backend_reset_slot(e->be, s, &err)) return -1;
             e->reserved[s] = 1;
             return s;
         }

@@ -22,6 +22,14 @@ __device__ __forceinline__ float kd_silu_(float x) { return x * (1.f / (1.f + ex
 __device__ __forceinline__ float kd_conv_first(float w, float x) { return __fmul_rn(w, x); }
 __device__ __forceinline__ float kd_conv_add(float acc, float w, float x) { return __fmaf_rn(w, x, acc); }
 
+// The row of the history ring (kd_cu_conv_args) holding position p (-W < p < R - W + 1) of the
+// token's row: slot s's ring index (tk.ring + p) mod R, as a row of C inputs.
+__device__ __forceinline__ int64_t kd_ring_row(const kd_cu_tok &tk, int p, int R) {
+    int i = tk.ring + p;
+    i = i < 0 ? i + R : i >= R ? i - R : i;
+    return (int64_t)tk.slot * R + i;
+}
+
 // The conv's grid for blocks of `threads`: x blocks over the channels [c0, c1), y over the token
 // groups (at most 65535; the blocks loop over the rest).
 inline void kd_conv_grid(const kd_cu_conv_args &a, int threads, unsigned *gx, unsigned *gy) {
@@ -54,8 +62,8 @@ __device__ __forceinline__ void kd_conv_load(const kd_cu_conv_args &a, const int
                                              kd_conv_in<NC, G> &in) {
     const float *__restrict__ proj = a.proj;
     const kd_cu_tok *__restrict__ toks = a.toks;
-    const float *__restrict__ win = a.win;
-    const int64_t P = a.P, ws = a.ws, Hw = a.W - 1;
+    const float *__restrict__ hist = a.hist;
+    const int64_t P = a.P, C = 2 * a.QK + a.VD, Hw = a.W - 1;
     const bool conv = a.w != nullptr;
     constexpr int WM = kd_conv_width_max;
 #pragma unroll
@@ -76,7 +84,7 @@ __device__ __forceinline__ void kd_conv_load(const kd_cu_conv_args &a, const int
 #pragma unroll
                     for (int i = 0; i < NC; i++)
                         in.xv[i][g][j] = tau >= 0 ? proj[(in.tk[g].start + tau) * P + ch[i]]
-                                                  : win[(int64_t)in.tk[g].slot * ws + ch[i] * Hw + Hw + tau];
+                                                  : hist[kd_ring_row(in.tk[g], (int)tau, a.R) * C + ch[i]];
                 }
     }
 }
@@ -87,9 +95,8 @@ template <int NC, int G>
 __device__ __forceinline__ void kd_conv_out(const kd_cu_conv_args &a, const int64_t (&ch)[NC],
                                             const float (&wc)[NC][kd_conv_width_max - 1], const float (&wl)[NC],
                                             int ng, const kd_conv_in<NC, G> &in, float (&y)[NC][G]) {
-    float *__restrict__ xrec = a.xrec;
+    float *__restrict__ hist = a.hist;
     const int64_t C = 2 * a.QK + a.VD, Hw = a.W - 1;
-    const int Tw = a.Tw;
     const bool conv = a.w != nullptr;
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -102,7 +109,7 @@ __device__ __forceinline__ void kd_conv_out(const kd_cu_conv_args &a, const int6
                 for (int j = 0; j < kd_conv_width_max - 1; j++)
                     if (j < Hw) acc = kd_conv_add(acc, wc[i][j], in.xv[i][g][j]);
                 y[i][g] = kd_silu_(acc);
-                if (in.tk[g].verify) xrec[((int64_t)in.tk[g].slot * Tw + in.tk[g].pos) * C + ch[i]] = in.xt[i][g];
+                if (in.tk[g].verify) hist[kd_ring_row(in.tk[g], in.tk[g].pos, a.R) * C + ch[i]] = in.xt[i][g];
             } else {
                 y[i][g] = kd_silu_(in.xt[i][g]);
             }
@@ -119,11 +126,10 @@ __device__ __forceinline__ void kd_conv_out(const kd_cu_conv_args &a, const int6
 __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int bx, int by, int gy) {
     const float *__restrict__ proj = a.proj;
     const kd_cu_tok *__restrict__ toks = a.toks;
-    const float *__restrict__ win = a.win;
+    float *__restrict__ hist = a.hist;
     const float *__restrict__ w = a.w;
-    float *__restrict__ xrec = a.xrec;
-    const int64_t P = a.P, N = a.N, QK = a.QK, VD = a.VD, ws = a.ws;
-    const int W = a.W, Tw = a.Tw;
+    const int64_t P = a.P, N = a.N, QK = a.QK, VD = a.VD;
+    const int W = a.W;
     float *const q = a.q, *const k = a.k, *const v = a.v;
     constexpr int G = kd_conv_tokens, WM = kd_conv_width_max;
     const int64_t C = 2 * QK + VD, Hw = W - 1, c1 = a.c1 ? a.c1 : C;
@@ -156,16 +162,16 @@ __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int
         if (w) {
             const kd_cu_tok tk = toks[t];
             const float *wc = w + c * W;
-            const float *hist = win + (int64_t)tk.slot * ws + c * Hw;
             float acc = kd_conv_first(wc[Hw], xt);
             for (int64_t j = 0; j < Hw; j++) {
                 // history j holds the input at row position pos - Hw + j
                 const int64_t tau = tk.pos - Hw + j;
-                const float xv = tau >= 0 ? proj[(tk.start + tau) * P + c] : hist[Hw + tau];
+                const float xv =
+                    tau >= 0 ? proj[(tk.start + tau) * P + c] : hist[kd_ring_row(tk, (int)tau, a.R) * C + c];
                 acc = kd_conv_add(acc, wc[j], xv);
             }
             y = kd_silu_(acc);
-            if (tk.verify) xrec[((int64_t)tk.slot * Tw + tk.pos) * C + c] = xt;
+            if (tk.verify) hist[kd_ring_row(tk, tk.pos, a.R) * C + c] = xt;
         } else {
             y = kd_silu_(xt);
         }

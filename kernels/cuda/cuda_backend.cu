@@ -11,8 +11,9 @@
 // Device memory, per layer l (the KDA kernels of kda.cuh index states by slot within one
 // layer's array, so each kind of per-slot buffer is one allocation [L][slots+1][...]):
 //   S      [L][slots+1][HV][K][V]      committed recurrent states
-//   win    [L][slots+1][C][W-1]        committed conv windows (C = 2 H K + HV V)
-//   xrec   [L][slots+1][Tw][C]         conv inputs of the last verify window
+//   win    [L][slots+1][C][W-1]        conv windows in the export layout (C = 2 H K + HV V)
+//   hist   [L][slots+1][W-1+Tw][C]     conv history rings: committed inputs and the last verify
+//                                      window's (ops.cuh's kd_cu_conv_args; conv_head below)
 //   rec_u  [L][slots+1][Tw][HV][V]     corrections          (deferred, eager)
 //   rec_kg [L][slots+1][2][Tw][HV][2K] normalised key / decay, two alternating buffers (kg_read)
 //   stored [L][slots+1][Tw][HV][K][V]  states after each window position (store-all)
@@ -38,9 +39,15 @@
 // KDECODE_CUDA_LT_TABLE=FILE at creation: an operator's table of cuBLASLt configurations
 // (kd/lt_table.h, as `KD_LT_SEARCH=1 gemm_lt_bench` writes it) in place of the built-in one.
 //
-// The verify windows' conv folds (each slot's conv window advanced by the tokens the last step
-// accepted) of every layer run in one launch before the first layer, since their inputs are
-// the step before's records (kd_cu_conv_fold_layers; kd_cuda_set_fold_layers(0): one a layer).
+// The conv's history is a ring a slot and layer (hist): a verify window writes its conv inputs
+// at the positions after the committed ones, and committing F of them (the fold at the start of
+// the next verify, or an eager commit) advances the slot's ring position (conv_head, host) by F:
+// no data moves. Until 2026-12 each slot's window [C][W-1] was folded in place by a kernel
+// before the first layer (read and write 2 (W-1) C floats a slot and layer: 0.24 ms of a 6.0 ms
+// 48B step at B = 128 on an H200, kimi48b_trace_h200.md). The export-layout window in win is
+// kept in step with the ring only where the state calls need it (conv_sync): a read, hash or
+// copy of the slot fills it from the ring; after a write, copy or reset the next forward or
+// commit fills the ring from it.
 // f_proj.1 and g_proj.1 (same rows, same K) run as one launch of the skinny kernel
 // (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows, then (bf16, K = V)
 // as one strided batched cuBLAS launch of the two (their weights in one allocation, the raw and
@@ -99,8 +106,8 @@
 // 2.135, B = 8 s = 0 2.289 -> 2.250, B = 2 s = 1 1.977 -> 1.964, B = 2 s = 3 2.048 -> 2.041; the
 // conv in the pair's launch at 2 rows: B = 2 s = 0 1.920 against 1.971 apart. The conv kernels
 // load before their programmatic wait where the order of the step allows it
-// (kd_cu_conv_args.early: f_proj.1 + g_proj.1 between them and the input projection, the
-// windows folded before the first layer).
+// (kd_cu_conv_args.early: f_proj.1 + g_proj.1 between them and the input projection; the
+// history entries written by earlier forwards).
 // Other fusions were measured and left out (tests/bench/results/kimi48b_cuda_h200_8bdf183_fusion_tried.md): the
 // conv inside the prepare kernel, and at one activation row the RMSNorms and the gated
 // RMSNorm inside the skinny products, were each slower on an H200 (every block of a product
@@ -143,19 +150,20 @@ struct cu_layer {
 
 // Offsets (bytes) of the sections of the per-call metadata block.
 struct meta_layout {
-    size_t tokens, toks, vfolds, pfolds, vrows, prows, lrows, spos, srows, crows, cfolds, total;
+    size_t tokens, toks, pfolds, vrows, prows, lrows, spos, srows, crows, total;
 };
 
 // The launch shape of one forward (what kernels take as host arguments): a CUDA graph is
 // captured per shape, the per-step values travel in the metadata block.
 struct fwd_shape {
     int64_t N, M;      // tokens, logit rows
-    int nv, np, nvf, npf, max_len, n_rows;
+    int nv, np, npf, max_len, n_rows;
     int sample;        // 1: sample on the device (kd_cu_sample_*), 0: logits to the host
     float *logits;     // host logits when !sample
 };
 
 constexpr int kMaxGraphs = 64;
+enum : uint8_t { CONV_RING = 0, CONV_WIN = 1, CONV_BOTH = 2 }; /* cu_backend.conv_sync */
 struct graph_entry {
     int rows, window;  // padded rows and tokens per row (0: unused)
     int seen;          // eager runs of this shape so far (captured on the second)
@@ -189,10 +197,13 @@ struct cu_backend {
     // aligned), else with each layer padded to that: S and win point at layer 0 of slot 0,
     // lS = lwin is the layer stride within a slot, sstride the slot stride. A handoff then
     // lands in a slot as one contiguous transfer.
-    float *S, *win, *xrec, *rec_u, *rec_kg, *stored;
-    int64_t lS, lwin, lxrec, lrec_u, lrec_kg, lstored; // per-layer strides (elements)
+    float *S, *win, *hist, *rec_u, *rec_kg, *stored;
+    int64_t lS, lwin, lhist, lrec_u, lrec_kg, lstored; // per-layer strides (elements)
     int64_t sstride;                                   // slot stride of S and win (elements)
+    int32_t R;        // history ring entries a slot and layer: W - 1 + the longest verify window
     int32_t *kg_read; // host [slots1]: which key/decay buffer holds the slot's last window
+    int32_t *conv_head; // host [slots1]: the ring index of the slot's committed position
+    uint8_t *conv_sync; // host [slots1]: CONV_RING, CONV_WIN or CONV_BOTH (which of ring and win is current)
     // work space
     float *x, *proj, *graw, *gate, *q, *k, *v, *qn, *kn, *qk, *decay, *beta, *o, *gu, *lg, *snap;
     float *kda_work; // kd_kda_args.work: the verify's per (row, head) prologue, shared by the layers
@@ -208,7 +219,6 @@ struct cu_backend {
     int graphs;
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
     int rows_form; // kd_cuda_set_skinny_rows_form: 2-4 rows, K > 256 (0: the pick, -1: cuBLAS, or a form)
-    int fold_layers; // the verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     int64_t pair_batched; // their strided batched cuBLAS launches made (kd_cuda_pair_batched)
     int swiglu;      // gate|up and SwiGLU in one launch where the skinny kernel takes gate|up (kd_cuda_set_swiglu)
@@ -325,7 +335,10 @@ void free_all(cu_backend *cb) {
     free(cb->layers);
     cb->layers = NULL;
     free(cb->kg_read);
-    cb->kg_read = NULL;
+    free(cb->conv_head);
+    free(cb->conv_sync);
+    cb->kg_read = cb->conv_head = NULL;
+    cb->conv_sync = NULL;
 }
 
 void cu_destroy(kd_backend *b) {
@@ -516,17 +529,23 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     const int64_t convrec = c->use_short_conv ? cb->C : 0;
     cb->slots1 = S1;
     const int64_t lb = (ssm + conv + 31) / 32 * 32; // a layer's S + window, padded
-    cb->lS = cb->lwin = lb, cb->sstride = L * lb, cb->lxrec = S1 * Tw * convrec;
+    cb->R = (int32_t)(cb->Hw + Tw > 0 ? cb->Hw + Tw : 1);
+    cb->lS = cb->lwin = lb, cb->sstride = L * lb, cb->lhist = S1 * cb->R * convrec;
     cb->lrec_u = store_all ? 0 : S1 * Tw * HV * V;
     cb->lrec_kg = store_all ? 0 : S1 * 2 * Tw * HV * 2 * K;
     cb->lstored = store_all ? S1 * Tw * ssm : 0;
     free(cb->kg_read);
+    free(cb->conv_head);
+    free(cb->conv_sync);
     cb->kg_read = (int32_t *)calloc((size_t)S1, sizeof *cb->kg_read);
-    if (!cb->kg_read) return kd_fail(err, "cuda backend: out of host memory");
+    cb->conv_head = (int32_t *)calloc((size_t)S1, sizeof *cb->conv_head);
+    cb->conv_sync = (uint8_t *)malloc((size_t)S1);
+    if (!cb->kg_read || !cb->conv_head || !cb->conv_sync) return kd_fail(err, "cuda backend: out of host memory");
+    memset(cb->conv_sync, CONV_BOTH, (size_t)S1); /* windows and rings start as zeros (dalloc) */
     const size_t as = cb->wsz; // activation element fed to GEMMs
     cb->lg_rows = N < kLogitChunk ? N : kLogitChunk;
     if (dalloc_t(cb, &cb->S, S1 * cb->sstride, 4, "recurrent states and conv windows", err) ||
-        dalloc_t(cb, &cb->xrec, L * cb->lxrec, 4, "conv input records", err) ||
+        dalloc_t(cb, &cb->hist, L * cb->lhist, 4, "conv history rings", err) ||
         dalloc_t(cb, &cb->rec_u, L * cb->lrec_u, 4, "correction records", err) ||
         dalloc_t(cb, &cb->rec_kg, L * cb->lrec_kg, 4, "key/decay records", err) ||
         dalloc_t(cb, &cb->stored, L * cb->lstored, 4, "stored window states", err) ||
@@ -558,7 +577,6 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     size_t off = 0;
     ml->tokens = off, off = align_up(off + (size_t)N * sizeof(int32_t));
     ml->toks = off, off = align_up(off + (size_t)N * sizeof(kd_cu_tok));
-    ml->vfolds = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_fold));
     ml->pfolds = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_fold));
     ml->vrows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_kda_row));
     ml->prows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_prow));
@@ -566,7 +584,6 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     ml->spos = off, off = align_up(off + (size_t)N * sizeof(kd_cu_spos));
     ml->srows = off, off = align_up(off + (size_t)max_rows * sizeof(kd_cu_srow));
     ml->crows = off, off = align_up(off + (size_t)L * sizeof(kd_kda_row));
-    ml->cfolds = off, off = align_up(off + 2 * sizeof(kd_cu_fold));
     ml->total = off;
     if (dalloc_t(cb, &cb->meta_dev, (int64_t)ml->total, 1, "batch metadata", err) ||
         dalloc_t(cb, &cb->sres, N, sizeof(kd_cu_sres), "sampling decisions", err) ||
@@ -579,7 +596,8 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     CU(cudaDeviceSynchronize());
     b->n_slots = n_slots, b->max_rows = max_rows, b->max_tokens = max_tokens;
     b->max_window = max_window, b->mode = mode;
-    b->slot_bytes = (size_t)(b->layout.slot_elems + L * (Tw * convrec + (store_all ? Tw * ssm : Tw * HV * (V + 4 * K)))) * 4;
+    b->slot_bytes =
+        (size_t)(b->layout.slot_elems + L * (cb->R * convrec + (store_all ? Tw * ssm : Tw * HV * (V + 4 * K)))) * 4;
     return 0;
 }
 
@@ -608,9 +626,20 @@ int state_pieces(cu_backend *cb, int32_t slot, size_t off, size_t len, F fn) {
     return 0;
 }
 
+// The slot's export-layout conv windows from its rings, where the rings are newer (a state call
+// reads or copies win next), and the other way (a forward or commit uses the rings next).
+int conv_sync(cu_backend *cb, int32_t slot, bool to_ring, kd_err *err) {
+    if (cb->lhist == 0 || cb->Hw < 1 || cb->conv_sync[slot] != (to_ring ? CONV_WIN : CONV_RING)) return 0;
+    KDA(kd_cu_conv_window(to_ring, (int)cb->base.config.n_layers, cb->C, (int)cb->W, cb->hist, cb->lhist, cb->R, slot,
+                          cb->conv_head[slot], cb->win, cb->lwin, cb->stream));
+    cb->conv_sync[slot] = CONV_BOTH;
+    return 0;
+}
+
 int cu_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
+    if (conv_sync(cb, slot, false, err)) return -1;
     if (state_pieces(cb, slot, 0, bytes, [&](char *dev, size_t at, size_t n) {
             CU(cudaMemcpyAsync((char *)dst + at, dev, n, cudaMemcpyDefault, cb->stream)); // host or device dst
             return 0;
@@ -623,6 +652,8 @@ int cu_state_read(kd_backend *b, int32_t slot, void *dst, size_t bytes, kd_err *
 int cu_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *src, size_t len, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
+    if (conv_sync(cb, slot, false, err)) return -1; /* the windows this part leaves as they are */
+    cb->conv_sync[slot] = CONV_WIN;
     if (state_pieces(cb, slot, offset, len, [&](char *dev, size_t at, size_t n) {
             CU(cudaMemcpyAsync(dev, (const char *)src + at, n, cudaMemcpyDefault, cb->stream)); // host or device src
             return 0;
@@ -640,6 +671,8 @@ int cu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
     const size_t ss = (size_t)cb->sstride; // a slot's whole state is one block
+    if (conv_sync(cb, src, false, err)) return -1;
+    cb->conv_sync[dst] = CONV_WIN;
     CU(cudaMemcpyAsync(cb->S + (size_t)dst * ss, cb->S + (size_t)src * ss, ss * 4, cudaMemcpyDeviceToDevice,
                        cb->stream));
     CU(cudaStreamSynchronize(cb->stream));
@@ -649,6 +682,7 @@ int cu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
 int cu_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
+    cb->conv_sync[slot] = CONV_WIN;
     CU(cudaMemsetAsync(cb->S + (size_t)slot * cb->sstride, 0, (size_t)cb->sstride * 4, cb->stream));
     CU(cudaStreamSynchronize(cb->stream));
     return 0;
@@ -658,6 +692,7 @@ int cu_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
 int cu_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64_t *out, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
+    if (conv_sync(cb, slot, false, err)) return -1;
     XXH3_state_t *st = XXH3_createState();
     if (!st) return kd_fail(err, "cuda backend: out of host memory (hash state)");
     XXH3_64bits_reset(st);
@@ -678,6 +713,9 @@ int cu_state_hash(kd_backend *b, int32_t slot, size_t offset, size_t len, uint64
     return rc;
 }
 
+/* The regions hold the slot's conv windows as of its last state write, copy into, reset, read or
+ * hash (the rings hold them between forwards): a transport writes a slot reset since its last
+ * forward (the engine resets the slots it reserves for handoffs), and that write counts. */
 int cu_state_regions(kd_backend *b, int32_t slot, kd_dev_region *out, int max, kd_err *err) {
     cu_backend *cb = SELF(b);
     int n = 0;
@@ -862,8 +900,9 @@ kd_kda_mode kda_mode(const cu_backend *cb) {
 // (params != NULL) the sampler's per-position and per-row entries are filled too. pad_rows
 // > 0: the graph layout of a verify-only batch: rows padded to pad_rows with one-token
 // scratch windows, tokens to pad_rows * pad_window (the rest belong to no row: computed
-// and ignored), every verify row in the fold list (a fold of 0 is a no-op), max_len
-// pad_window, and every token a logit row (only the rows' own are sampled).
+// and ignored), max_len pad_window, and every token a logit row (only the rows' own are sampled).
+// Each token's history ring index: a verify row's slot position advanced by its fold (the
+// tokens the last step accepted), a prefill row's as it is (after_forward then advances both).
 fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *params, const double *uniforms,
                  int pad_rows, int pad_window) {
     const kd_config *c = &cb->base.config;
@@ -873,7 +912,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
     unsigned char *hm = (unsigned char *)cb->pinned_meta;
     int32_t *tokens = (int32_t *)(hm + ml->tokens), *lrows = (int32_t *)(hm + ml->lrows);
     kd_cu_tok *toks = (kd_cu_tok *)(hm + ml->toks);
-    kd_cu_fold *vfolds = (kd_cu_fold *)(hm + ml->vfolds), *pfolds = (kd_cu_fold *)(hm + ml->pfolds);
+    kd_cu_fold *pfolds = (kd_cu_fold *)(hm + ml->pfolds);
     kd_kda_row *vrows = (kd_kda_row *)(hm + ml->vrows);
     kd_cu_prow *prows = (kd_cu_prow *)(hm + ml->prows);
     kd_cu_spos *spos = (kd_cu_spos *)(hm + ml->spos);
@@ -891,10 +930,11 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
         if (r < batch->n_rows) row = batch->rows[r], rt = batch->tokens + t0;
         else row = kd_batch_row{scratch, 1, KD_LOGITS_NONE, KD_ROW_VERIFY, 0}, rt = &zero;
         const int verify = row.kind == KD_ROW_VERIFY;
+        const int32_t ring = verify ? (int32_t)((cb->conv_head[row.slot] + (int64_t)row.fold) % cb->R)
+                                    : cb->conv_head[row.slot];
         for (int32_t i = 0; i < row.n_tokens; i++) {
             tokens[t0 + i] = rt[i];
-            toks[t0 + i].slot = row.slot, toks[t0 + i].pos = i;
-            toks[t0 + i].start = (int32_t)t0, toks[t0 + i].verify = verify;
+            toks[t0 + i] = kd_cu_tok{row.slot, i, (int32_t)t0, verify, ring};
         }
         if (verify) {
             kd_kda_row *vr = &vrows[sh.nv++];
@@ -902,10 +942,9 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
             vr->slot = row.slot, vr->start = (int32_t)t0, vr->len = row.n_tokens, vr->fold = row.fold;
             vr->kg_read = cb->kg_read[row.slot];
             if (row.n_tokens > sh.max_len) sh.max_len = row.n_tokens;
-            if (folding && (row.fold > 0 || pad_rows > 0)) vfolds[sh.nvf++] = kd_cu_fold{row.slot, row.fold, -1, 0};
         } else {
             prows[sh.np++] = kd_cu_prow{row.slot, (int32_t)t0, row.n_tokens, 0};
-            if (folding) pfolds[sh.npf++] = kd_cu_fold{row.slot, row.n_tokens, (int32_t)t0, 0};
+            if (folding) pfolds[sh.npf++] = kd_cu_fold{row.slot, row.n_tokens, (int32_t)t0, ring};
         }
         if (params) {
             kd_cu_srow *sr = &srows[r];
@@ -937,7 +976,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
         const int64_t Np = (int64_t)pad_rows * pad_window;
         for (int64_t t = t0; t < Np; t++) { // tokens of no row
             tokens[t] = 0;
-            toks[t] = kd_cu_tok{scratch, 0, (int32_t)t, 0};
+            toks[t] = kd_cu_tok{scratch, 0, (int32_t)t, 0, cb->conv_head[scratch]};
         }
         for (int64_t t = 0; t < Np; t++) lrows[t] = (int32_t)t;
         sh.max_len = pad_window;
@@ -958,13 +997,12 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const int64_t QK = cb->QK, VD = cb->VD, P = cb->P, FF = cb->FF, C = cb->C;
     const int conv = c->use_short_conv;
     const int bf = cb->bf16;
-    const int nv = sh.nv, np = sh.np, nvf = sh.nvf, npf = sh.npf, max_len = sh.max_len;
+    const int nv = sh.nv, np = sh.np, npf = sh.npf, max_len = sh.max_len;
     cudaStream_t s = cb->stream;
     CU(cudaMemcpyAsync(cb->meta_dev, cb->pinned_meta, ml->total, cudaMemcpyHostToDevice, s));
     const int32_t *d_tokens = (const int32_t *)(cb->meta_dev + ml->tokens);
     const int32_t *d_lrows = (const int32_t *)(cb->meta_dev + ml->lrows);
     const kd_cu_tok *d_toks = (const kd_cu_tok *)(cb->meta_dev + ml->toks);
-    const kd_cu_fold *d_vfolds = (const kd_cu_fold *)(cb->meta_dev + ml->vfolds);
     const kd_cu_fold *d_pfolds = (const kd_cu_fold *)(cb->meta_dev + ml->pfolds);
     const kd_kda_row *d_vrows = (const kd_kda_row *)(cb->meta_dev + ml->vrows);
     const kd_cu_prow *d_prows = (const kd_cu_prow *)(cb->meta_dev + ml->prows);
@@ -974,10 +1012,6 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     // ---- the model
     KDA(kd_cu_embed(bf, cb->embed, d_tokens, N, D, cb->x, s));
     const kd_kda_mode kmode = kda_mode(cb);
-    /* the verify windows' conv folds of every layer in one launch: their inputs are the records
-     * of the step before, which no layer of this step has touched yet (one launch instead of one
-     * a layer: 1.896 -> 1.858 ms a step of the 48B preset at B = 1 on an H200) */
-    const int fold_first = cb->fold_layers && nvf;
     const unsigned sk = cb->skip;
     /* few rows: their states' traffic leaves the prefetched weights in the L2 until read */
     const bool prefetch = cb->pf_bytes > 0 && nv + np <= cb->pf_rows;
@@ -988,12 +1022,9 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const int64_t pf_gn = pf4 ? (gu_bytes < cb->pf_bytes ? gu_bytes : cb->pf_bytes) & ~(int64_t)15 : 0;
     const int64_t mlp_room = gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes;
     const int64_t pf_mlp = pf4 && N <= kPfMlpMaxRows ? mlp_room & ~(int64_t)15 : 0;
-    if (fold_first)
-        KDA(kd_cu_conv_fold_layers(d_vfolds, nvf, c->n_layers, C, (int)cb->W, cb->win, cb->lwin, cb->sstride, cb->xrec,
-                                   cb->lxrec, b->max_window, s));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cu_layer *Ly = &cb->layers[l];
-        float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
+        float *hist = cb->hist + (size_t)l * cb->lhist;
         // attention block
         if (!(sk & KD_CUDA_SKIP_NORMS)) KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
         /* at few rows the gates' bf16 copy in the input projection's epilogue */
@@ -1045,12 +1076,11 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             CU(cudaEventRecord(cb->ev_g, cb->side));
         }
         /* the conv's loads before its programmatic wait (early) where what it reads (the input
-         * projection's output, the windows) was written two or more kernels back: f_proj.1 + g_proj.1
-         * run between, and the windows were folded before the first layer */
-        const bool folds_before = !(nvf && !fold_first);
-        const int early = !(sk & KD_CUDA_SKIP_FG_PROJ) && folds_before && !side;
-        kd_cu_conv_args ca = {cb->proj, P, N, QK, VD, d_toks, win, cb->sstride, conv ? Ly->conv : NULL,
-                              (int)cb->W, xrec, b->max_window, cb->q, cb->k, cb->v, 0, 0, early};
+         * projection's output, the history rings) was written two or more kernels back: f_proj.1 +
+         * g_proj.1 run between, and the rings' entries it reads were written by earlier forwards */
+        const int early = !(sk & KD_CUDA_SKIP_FG_PROJ) && !side;
+        kd_cu_conv_args ca = {cb->proj,   P,     N,     QK,    VD, d_toks, hist, cb->R, conv ? Ly->conv : NULL,
+                              (int)cb->W, cb->q, cb->k, cb->v, 0,  0,      early};
         /* the conv of the q and k channels in the prepare's kernel; then the v channels' conv runs
          * alone or in f_proj.1 + g_proj.1's launch, two kernels before the verify, which loads v
          * before its programmatic wait (kda.cu) */
@@ -1063,18 +1093,15 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         kd_cu_conv_args cv = ca;
         if (conv_prep) cv.c0 = 2 * QK;
         /* the conv + prepare kernel: the v channels' conv just before it */
-        ca.early = (early || (side && folds_before)) && VD > 0;
+        ca.early = (early || side) && VD > 0;
         /* the conv in the f/g products' launch where the skinny kernel takes them (both read only
-         * the input projection's output; a per-layer conv fold would have to run between) */
-        const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !conv_prep && !(sk & KD_CUDA_SKIP_CONV) &&
-                               !(nvf && !fold_first);
+         * the input projection's output) */
+        const bool conv_fuse = (cb->fuse & KD_CUDA_FUSE_CONV) && !conv_prep && !(sk & KD_CUDA_SKIP_CONV);
         bool conv_done = false;
         if (!(sk & KD_CUDA_SKIP_FG_PROJ) && !side &&
             gemm_pair(cb, N, V, fa, flda, Ly->f1, V, HV * K, cb->graw, HV * K, act_at(cb, (void *)fa, V), flda, Ly->g1,
                       V, VD, cb->gate, VD, "f_proj.1 + g_proj.1", err, conv_fuse ? &cv : nullptr, &conv_done))
             return -1;
-        if (nvf && !fold_first)
-            KDA(kd_cu_conv_fold(d_vfolds, nvf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
         if (!(sk & KD_CUDA_SKIP_CONV) && !conv_done) { /* the v channels 4 a thread before the conv + prepare kernel */
             if (conv_prep && kd_cu_conv4_ok(&cv)) KDA(kd_cu_conv4(&cv, s));
             else KDA(kd_cu_conv_silu_args(&cv, s));
@@ -1083,8 +1110,8 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         pa.graw_early = !conv_done && !side;
         if (side) CU(cudaStreamWaitEvent(s, cb->ev_f, 0));
         if (conv_prep) KDA(kd_cu_conv_prepare(&ca, &pa, s));
-        if (npf)
-            KDA(kd_cu_conv_fold(d_pfolds, npf, C, (int)cb->W, win, cb->sstride, xrec, b->max_window, cb->proj, P, s));
+        if (npf) /* after the conv, which read the entries this overwrites */
+            KDA(kd_cu_conv_ring_fill(d_pfolds, npf, C, (int)cb->W, hist, cb->R, cb->proj, P, s));
         if (!(sk & KD_CUDA_SKIP_PREPARE) && !conv_prep)
             KDA(kd_kda_prepare((int32_t)N, pa.H, pa.HV, pa.K, cb->q, cb->k, pa.graw, pa.braw, pa.braw_ld, pa.A_log,
                                pa.dt_bias, pa.use_lb, pa.lb, pa.neg, pa.qn, pa.kn, pa.qk, pa.decay, pa.beta, s));
@@ -1165,9 +1192,24 @@ int launch(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     return rc;
 }
 
-// After the stream ran a forward of these rows: a verify wrote its key/decay records into
-// the slot's other buffer.
+// Before a forward of these rows (outside any capture): the rings of slots whose export-layout
+// windows are newer (written, copied into or reset since) take them.
+int before_forward(cu_backend *cb, const kd_batch *batch, int pad_rows, kd_err *err) {
+    for (int32_t r = 0; r < batch->n_rows; r++)
+        if (conv_sync(cb, batch->rows[r].slot, true, err)) return -1;
+    return pad_rows > batch->n_rows ? conv_sync(cb, cb->base.n_slots, true, err) : 0;
+}
+
+// After the stream ran a forward of these rows: each slot's ring position advanced past what
+// the forward committed (a verify row's fold, a prefill row's tokens), and a verify wrote its
+// key/decay records into the slot's other buffer.
 void after_forward(cu_backend *cb, const kd_batch *batch, int pad_rows) {
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row &row = batch->rows[r];
+        const int64_t n = row.kind == KD_ROW_VERIFY ? row.fold : row.n_tokens;
+        cb->conv_head[row.slot] = (int32_t)((cb->conv_head[row.slot] + n) % cb->R);
+        cb->conv_sync[row.slot] = CONV_RING;
+    }
     if (kda_mode(cb) != KD_KDA_DEFERRED) return;
     for (int32_t r = 0; r < batch->n_rows; r++)
         if (batch->rows[r].kind == KD_ROW_VERIFY) cb->kg_read[batch->rows[r].slot] ^= 1;
@@ -1178,6 +1220,7 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
     cu_backend *cb = SELF(b);
     if (kd_batch_tokens(batch) == 0) return 0;
     CU(cudaSetDevice(cb->dev));
+    if (before_forward(cb, batch, 0, err)) return -1;
     fwd_shape sh = encode(cb, batch, NULL, NULL, 0, 0);
     sh.logits = logits;
     if (launch(cb, sh, err)) return -1;
@@ -1222,6 +1265,7 @@ int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_para
     CU(cudaSetDevice(cb->dev));
     int Tp = 0;
     const int R = graph_rows(cb, batch, &Tp);
+    if (before_forward(cb, batch, R, err)) return -1;
     const fwd_shape sh = encode(cb, batch, params, uniforms, R, Tp);
     graph_entry *g = NULL;
     if (R > 0) {
@@ -1270,44 +1314,35 @@ int cu_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *sna
     const kd_config *c = &b->config;
     const meta_layout *ml = &cb->ml;
     const int64_t ssm = b->layout.ssm_elems, conv = b->layout.conv_elems, layer = b->layout.layer_elems;
-    const int folding = c->use_short_conv && cb->Hw > 0;
     cudaStream_t s = cb->stream;
     CU(cudaSetDevice(cb->dev));
+    if (conv_sync(cb, slot, true, err)) return -1;
     unsigned char *hm = (unsigned char *)cb->pinned_meta;
     kd_kda_row *crows = (kd_kda_row *)(hm + ml->crows);
-    kd_cu_fold *cf = (kd_cu_fold *)(hm + ml->cfolds);
     for (int32_t l = 0; l < c->n_layers; l++) {
         memset(&crows[l], 0, sizeof crows[l]);
         crows[l].slot = slot, crows[l].len = n, crows[l].snap_at = snap_at;
         crows[l].kg_read = cb->kg_read[slot];
         crows[l].snap = snap_at > 0 ? cb->snap + (size_t)l * layer : NULL;
     }
-    // conv windows: [0, first) then [first, n) of the records; the snapshot between
-    const int32_t first = snap_at > 0 ? snap_at : n;
-    cf[0] = kd_cu_fold{slot, first, -1, 0};
-    cf[1] = kd_cu_fold{slot, n - first, -1, first};
     CU(cudaMemcpyAsync(cb->meta_dev + ml->crows, hm + ml->crows, ml->total - ml->crows, cudaMemcpyHostToDevice, s));
     const kd_kda_row *d_crows = (const kd_kda_row *)(cb->meta_dev + ml->crows);
-    const kd_cu_fold *d_cf = (const kd_cu_fold *)(cb->meta_dev + ml->cfolds);
     const kd_kda_mode kmode = kda_mode(cb);
     for (int32_t l = 0; l < c->n_layers; l++) {
-        float *win = cb->win + (size_t)l * cb->lwin, *xrec = cb->xrec + (size_t)l * cb->lxrec;
         kd_kda_args a = layer_args(cb, l);
         a.n_rows = 1, a.rows = d_crows + l;
         KDA(kd_kda_commit(&a, kmode, s));
-        if (folding) {
-            KDA(kd_cu_conv_fold(d_cf, 1, cb->C, (int)cb->W, win, cb->sstride, xrec, b->max_window, NULL, 0, s));
-            if (snap_at > 0 && conv)
-                CU(cudaMemcpyAsync(cb->snap + (size_t)l * layer + ssm, win + (size_t)slot * cb->sstride, (size_t)conv * 4,
-                                   cudaMemcpyDeviceToDevice, s));
-            if (n > first)
-                KDA(kd_cu_conv_fold(d_cf + 1, 1, cb->C, (int)cb->W, win, cb->sstride, xrec, b->max_window, NULL, 0, s));
-        }
     }
+    /* the conv: the ring's position advances by n (below); the snapshot's windows those at snap_at */
+    if (snap_at > 0 && conv && cb->lhist > 0)
+        KDA(kd_cu_conv_window(0, (int)c->n_layers, cb->C, (int)cb->W, cb->hist, cb->lhist, cb->R, slot,
+                              (int32_t)((cb->conv_head[slot] + (int64_t)snap_at) % cb->R), cb->snap + ssm, layer, s));
     if (snap_at > 0)
         CU(cudaMemcpyAsync(snap_dst, cb->snap, (size_t)b->layout.slot_elems * 4, cudaMemcpyDeviceToHost, s));
     CU(cudaStreamSynchronize(s));
     CU(cudaGetLastError());
+    cb->conv_head[slot] = (int32_t)((cb->conv_head[slot] + (int64_t)n) % cb->R);
+    cb->conv_sync[slot] = CONV_RING;
     return 0;
 }
 
@@ -1354,7 +1389,6 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     const char *graphs_env = getenv("KDECODE_CUDA_GRAPHS");
     cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
     cb->skinny = 1;
-    cb->fold_layers = 1;
     cb->pair = 1;
     cb->swiglu = 1;
     cb->fuse = KD_CUDA_FUSE_DEFAULT;
@@ -1479,7 +1513,6 @@ extern "C" int kd_cuda_set_skinny_rows_form(kd_backend *b, int form) {
     return 0;
 }
 
-extern "C" int kd_cuda_set_fold_layers(kd_backend *b, int on) { return set_switch(b, &cu_backend::fold_layers, on); }
 
 extern "C" int kd_cuda_set_lt(kd_backend *b, int mode) {
     if (mode < 0 || mode > 2) return -1;

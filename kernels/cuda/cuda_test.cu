@@ -34,8 +34,8 @@
 //     padded leading dimensions, beta 0 and 1; the products it must refuse; the gate|up product
 //     with SwiGLU in its epilogue (kd_cu_gemm_skinny_swiglu); the bf16 copy epilogue
 //     (kd_cu_gemm_skinny_epi) against the C it stored, bit for bit.
-// (g) The verify windows' conv folds of every layer in one launch (kd_cuda_set_fold_layers) against
-//     one launch a layer: bf16 backends replaying graphs, single-token logits bit for bit, then
+// (g) Every slot's state read and written back before each forward (the conv history rings through
+//     the export layout and back) against none: bf16 backends replaying graphs, single-token logits bit for bit, then
 //     decode steps with every token and acceptance equal. The same for the L2 prefetch of
 //     weights (kd_cuda_set_prefetch, each mode) in every forward against none, and for
 //     f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) against two, and for the gates' bf16
@@ -849,9 +849,10 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 
 // ------------------------------------------------------------------------ CUDA graphs
 
-// variant 1 (folds) instead: two bf16 backends replaying graphs, the second folding the conv
-// windows one launch a layer (kd_cuda_set_fold_layers(0)); single-token steps of each slot
-// first, their logits compared bit for bit, then as above. Variants 2-4: the same with the
+// variant 1 instead: two bf16 backends replaying graphs, the second reading every slot's state
+// and writing it back before each forward (so its conv windows go from the history rings to the
+// export layout and back: cuda_backend.cu's conv_sync); single-token steps of each slot first,
+// their logits compared bit for bit, then as above. Variants 2-4: the same with the
 // first prefetching weights into the L2 (kd_cuda_set_prefetch mode 1-3) in every forward, the
 // second never (variant 6: mode 2 with gate|up's rows before o_proj's, kd_cuda_set_prefetch_order).
 // Variant 5: the same with f_proj.1 and g_proj.1 in one launch (kd_cuda_set_pair) on the first only.
@@ -884,7 +885,6 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         ok = kd_backend_load(be[i], &m.c, &m.w, &err) == 0 &&
              kd_backend_reserve(be[i], NS, NS, 96, TW, KD_COMMIT_DEFERRED, &err) == 0 &&
              kd_cuda_set_graphs(be[i], folds || i == 0) == 0 &&
-             kd_cuda_set_fold_layers(be[i], variant != 1 || i == 0) == 0 &&
              (variant < 2 || variant == 5 || (variant >= 7 && variant != 12) ||
               kd_cuda_set_prefetch(be[i], i == 0 ? (variant == 12 ? 4096 : -1) : 0, i == 0 ? 1 << 20 : 0,
                                    variant == 12 ? 4 : variant >= 6 ? 2 : variant - 1) == 0) &&
@@ -902,7 +902,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
     else if (variant == 12) snprintf(tag, sizeof tag, "L2 prefetch mode 4 (gated norm's blocks)");
     else snprintf(tag, sizeof tag, "%s", variant == 0   ? "graphs"
-                                            : variant == 1 ? "conv folds"
+                                            : variant == 1 ? "state round trips"
                                             : variant == 7 ? "copy epilogue"
                                             : variant == 8 ? "conv + f/g launch"
                                             : variant == 9 ? "conv + prepare"
@@ -913,7 +913,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
-             : variant == 1 ? "bf16, all layers in one launch / one a layer"
+             : variant == 1 ? "bf16, as they are / every slot's state read and written back before each forward"
              : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
              : variant == 7 ? "bf16, the gates' copy in the input projection / its own kernel"
              : variant == 8 ? "bf16, the conv and f_proj.1 + g_proj.1 in one launch / their own"
@@ -928,9 +928,17 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
     }
-    /* variant 14: the backend about to run decides the store hint (graphs capture the kernel it picks) */
+    /* variant 14: the backend about to run decides the store hint (graphs capture the kernel it picks);
+     * variant 1: the second backend's slots read and written back */
+    const size_t sb = kd_backend_state_bytes(be[1]);
+    std::vector<float> st(sb / 4 + 1);
+    int64_t trips = 0, trip_fail = 0;
     auto hint = [&](int i) {
         if (variant == 14) kd_kda_store_hint(i == 0);
+        if (variant == 1 && i == 1)
+            for (int32_t slot = 0; slot < NS; slot++, trips++)
+                trip_fail += kd_backend_state_read(be[1], slot, st.data(), sb, &err) != 0 ||
+                             kd_backend_state_write(be[1], slot, st.data(), sb, &err) != 0;
     };
     int hint0 = 1; /* the process's setting, restored below */
     if (variant == 14) hint0 = kd_kda_store_hint(1), kd_kda_split(3);
@@ -1029,6 +1037,9 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);
     kd_cuda_graph_stats(be[1], &cap1, &rep1);
+    if (variant == 1)
+        report(trips > 0 && trip_fail == 0, "[%s %s] %lld state reads and writes back, %lld failed", tag, s.name,
+               (long long)trips, (long long)trip_fail);
     if (folds) {
         report(ok && diffs == 0 && rows_total > 0,
                "[%s %s] %d steps, %lld rows (1..8 per step): %s, the same on every row (differences %lld, drafts "
@@ -1263,19 +1274,27 @@ static bool to_dev(void **d, const std::vector<T> &h) {
 // The conv + prepare kernel (kd_cu_conv_prepare, the v channels by kd_cu_conv4) against the
 // kernels apart (kd_cu_conv_silu_args over every channel, then kd_kda_prepare), bit for bit, on
 // fresh random inputs: a batch of verify rows (1..4 tokens) and prefill rows (1..9 tokens, so
-// histories from the slot's window and from the row's earlier inputs), windows and records of 8
-// slots, outputs and records poisoned alike beforehand. Compared: v, qn, kn, qk, decay, beta and
-// the records; a mismatch names the array, element and both values.
+// histories from the slot's conv history ring and from the row's earlier inputs), the rings of 8
+// slots random but where the verify rows write their records (poisoned), each row at a random
+// ring position (histories and records wrapping around), outputs poisoned alike beforehand.
+// Compared: v, qn, kn, qk, decay, beta and the rings (no poison left: every record written); a
+// mismatch names the array, element and both values.
 static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int early, uint64_t seed) {
     Rng r(seed);
-    const int NS = 8, TW = 4, W = 4;
-    const int64_t QK = (int64_t)H * K, VD = (int64_t)HV * V, C = 2 * QK + VD, P = (C + HV + 3) / 4 * 4, ws = 3 * C;
+    const int NS = 8, TW = 4, W = 4, RN = W - 1 + TW;
+    const int64_t QK = (int64_t)H * K, VD = (int64_t)HV * V, C = 2 * QK + VD, P = (C + HV + 3) / 4 * 4;
     std::vector<kd_cu_tok> toks;
+    std::vector<float> ring0((size_t)(NS * RN * C));
+    for (auto &x : ring0) x = (float)r.normal();
     for (int32_t slot = 0; slot < NS; slot++) { /* one row a slot, in a random order of kinds */
         const bool verify = r.uni(2);
-        const int n = verify ? 1 + r.uni(TW) : 1 + r.uni(9);
+        const int n = verify ? 1 + r.uni(TW) : 1 + r.uni(9), base = r.uni(RN);
         const int32_t start = (int32_t)toks.size();
-        for (int i = 0; i < n; i++) toks.push_back({slot, i, start, verify ? 1 : 0});
+        for (int i = 0; i < n; i++) {
+            toks.push_back({slot, i, start, verify ? 1 : 0, base});
+            if (verify)
+                for (int64_t c = 0; c < C; c++) ring0[((size_t)slot * RN + (base + i) % RN) * C + c] = NAN;
+        }
     }
     const int64_t N = (int64_t)toks.size();
     auto fill = [&](size_t n, double scale) {
@@ -1283,8 +1302,8 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         for (auto &x : v) x = (float)(scale * r.normal());
         return v;
     };
-    const std::vector<float> proj = fill((size_t)(N * P), 1.0), win = fill((size_t)(NS * ws), 1.0),
-                             w = fill((size_t)(C * W), 0.5), graw = fill((size_t)(N * HV * K), 1.0),
+    const std::vector<float> proj = fill((size_t)(N * P), 1.0), w = fill((size_t)(C * W), 0.5),
+                             graw = fill((size_t)(N * HV * K), 1.0),
                              alog = fill((size_t)HV, 0.5), dtb = fill((size_t)(HV * K), 0.5);
     struct Out {
         const char *name;
@@ -1292,21 +1311,20 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         void *d[2];
     } outs[] = {{"v", (size_t)(N * VD), {}},          {"qn", (size_t)(N * QK), {}},    {"kn", (size_t)(N * QK), {}},
                 {"qk", (size_t)(N * H), {}},          {"decay", (size_t)(N * HV * K), {}},
-                {"beta", (size_t)(N * HV), {}},       {"records", (size_t)(NS * TW * C), {}},
+                {"beta", (size_t)(N * HV), {}},       {"rings", ring0.size(), {}},
                 {"q", (size_t)(N * QK), {}},          {"k", (size_t)(N * QK), {}}};
     const int n_cmp = 7; /* q and k: the apart path's alone (the one kernel writes neither) */
-    void *dproj = nullptr, *dwin = nullptr, *dw = nullptr, *dgraw = nullptr, *dalog = nullptr, *ddtb = nullptr,
-         *dtoks = nullptr;
-    bool ok = to_dev(&dproj, proj) && to_dev(&dwin, win) && to_dev(&dw, w) && to_dev(&dgraw, graw) &&
-              to_dev(&dalog, alog) && to_dev(&ddtb, dtb) && to_dev(&dtoks, toks);
+    void *dproj = nullptr, *dw = nullptr, *dgraw = nullptr, *dalog = nullptr, *ddtb = nullptr, *dtoks = nullptr;
+    bool ok = to_dev(&dproj, proj) && to_dev(&dw, w) && to_dev(&dgraw, graw) && to_dev(&dalog, alog) &&
+              to_dev(&ddtb, dtb) && to_dev(&dtoks, toks);
     for (auto &o : outs)
-        for (int j = 0; j < 2; j++) ok = ok && to_dev(&o.d[j], poisoned(o.n));
+        for (int j = 0; j < 2; j++) ok = ok && to_dev(&o.d[j], o.n == ring0.size() ? ring0 : poisoned(o.n));
     cudaError_t e = cudaSuccess;
     bool fused4 = false;
     if (ok) {
         auto F = [&](int i, int j) { return (float *)outs[i].d[j]; };
-        kd_cu_conv_args ca = {(const float *)dproj, P, N, QK, VD, (const kd_cu_tok *)dtoks, (const float *)dwin, ws,
-                              (const float *)dw, W, F(6, 0), TW, F(7, 0), F(8, 0), F(0, 0), 0, 0, early};
+        kd_cu_conv_args ca = {(const float *)dproj, P,       N,       QK,      VD, (const kd_cu_tok *)dtoks, F(6, 0),
+                              RN,                   (const float *)dw, W, F(7, 0), F(8, 0), F(0, 0), 0, 0, early};
         kd_cu_prep_args pa = {H, HV, K, 0, (const float *)dgraw, (const float *)dproj + C, P, (const float *)dalog,
                               (const float *)ddtb, use_lb, neg, 0.5f, F(1, 1), F(2, 1), F(3, 1), F(4, 1), F(5, 1)};
         pa.graw_early = early; /* every input was written before the launch */
@@ -1318,7 +1336,7 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
                                             0);
         /* the one kernel (and the v channels' conv 4 a thread) into set 1 */
         kd_cu_conv_args cb = ca, cv = ca;
-        cb.xrec = F(6, 1), cb.q = F(7, 1), cb.k = F(8, 1), cb.v = F(0, 1);
+        cb.hist = F(6, 1), cb.q = F(7, 1), cb.k = F(8, 1), cb.v = F(0, 1);
         cv = cb, cv.c0 = 2 * QK;
         fused4 = kd_cu_conv_prepare_ok(&cb, &pa) && kd_cu_conv4_ok(&cv);
         if (e == cudaSuccess && fused4) e = kd_cu_conv4(&cv, 0);
@@ -1327,14 +1345,16 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         ok = e == cudaSuccess && fused4;
     }
     std::string what;
-    size_t bad = 0;
+    size_t bad = 0, unwritten = 0;
     for (int i = 0; i < n_cmp && ok; i++) {
         std::vector<float> h[2] = {std::vector<float>(outs[i].n), std::vector<float>(outs[i].n)};
         for (int j = 0; j < 2; j++)
             ok = ok && cudaMemcpy(h[j].data(), outs[i].d[j], outs[i].n * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
         size_t n = 0, first = 0;
-        for (size_t x = 0; x < outs[i].n && ok; x++)
+        for (size_t x = 0; x < outs[i].n && ok; x++) {
             if (memcmp(&h[0][x], &h[1][x], 4) != 0 && !n++) first = x;
+            if (i == 6 && (std::isnan(h[0][x]) || std::isnan(h[1][x]))) unwritten++; /* a record left out */
+        }
         if (n) { /* each array that differs: how many, its first element */
             char m[200];
             snprintf(m, sizeof m, "; %s: %zu, first [%zu] %.9g (apart) / %.9g (one kernel)", outs[i].name, n, first,
@@ -1342,15 +1362,15 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
             what += m, bad += n;
         }
     }
-    report(ok && bad == 0,
+    report(ok && bad == 0 && unwritten == 0,
            "[conv + prepare kernel H=%d HV=%d K=%d V=%d N=%lld%s%s%s] against the kernels apart, bit for bit: %s, "
-           "%zu elements differ%s",
+           "%zu elements differ%s, %zu ring entries unwritten",
            H, HV, K, V, (long long)N, use_lb ? " lower-bound gate" : "", neg ? " negative eigenvalues" : "",
            early ? " early loads" : "",
            ok ? "ran" : !fused4 && e == cudaSuccess ? "shape refused" : cudaGetErrorString(e),
-           bad, what.c_str());
+           bad, what.c_str(), unwritten);
     for (auto &o : outs) cudaFree(o.d[0]), cudaFree(o.d[1]);
-    for (void *d : {dproj, dwin, dw, dgraw, dalog, ddtb, dtoks}) cudaFree(d);
+    for (void *d : {dproj, dw, dgraw, dalog, ddtb, dtoks}) cudaFree(d);
     (void)cudaGetLastError();
 }
 
@@ -1597,7 +1617,7 @@ static void skinny_checks(uint64_t seed, bool quick) {
                cudaGetErrorName(e2), cudaGetErrorName(e3));
         /* the pair with the conv: only in the forms that pair, only with a conv to run */
         const kd_skinny_job j = {fake, 256, fake, 256, fc, 64, 64};
-        const kd_cu_conv_args ca = {fc, 64, 1, 16, 16, NULL, fc, 64, NULL, 4, fc, 4, fc, fc, fc, 0, 0, 0};
+        const kd_cu_conv_args ca = {fc, 64, 1, 16, 16, NULL, fc, 7, NULL, 4, fc, fc, fc, 0, 0, 0};
         const cudaError_t e4 = kd_cu_gemm_skinny_pair_conv(9, 1, 256, &j, &j, 0.f, &ca, 0);
         const cudaError_t e5 = kd_cu_gemm_skinny_pair_conv(5, 1, 256, &j, &j, 0.f, NULL, 0);
         report(e4 == cudaErrorInvalidValue && e5 == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,

@@ -156,8 +156,8 @@ __global__ void conv_silu_kernel(const kd_cu_conv_args a) {
 // instructions, not by memory: 74 % of issue slots busy, 21 % of the DRAM bandwidth, 58 us a
 // layer at 512 tokens on an H200 (logs/ncu_full_conv_prepare_b128s3_h200_c7cbea1.txt); here the
 // addresses, loads and sums are shared by 4 channels and no barrier is needed. A conv of width 4
-// (its 3 history entries: the row's earlier inputs, or the slot's window, whose 12 entries for 4
-// channels are contiguous). With a.early the conv's loads (the inputs, the token's entry, the
+// (its 3 history entries: the row's earlier inputs, or the slot's history ring, a 16-byte load
+// for 4 channels each). With a.early the conv's loads (the inputs, the token's entry, the
 // histories) and beta's are issued before the programmatic wait, and with p.graw_early the first
 // value head's gate inputs too. The arithmetic is conv.cuh's and prepare.cuh's, in their order
 // (the sums of squares 4 channels a lane, then across the warp, as kd_kda_prepare's): the same
@@ -172,43 +172,24 @@ constexpr int kConv4Hw = kd_conv_width_max - 1; /* history entries of a conv of 
 
 // The conv's loads for NS groups of 4 channels ch[s] .. ch[s] + 3 of token t (entry tk), a conv of
 // width 4: the inputs xt[s], then the histories hx[s][i][j] (history j of channel ch[s] + i): the
-// row's earlier inputs, or the slot's window, whose 12 entries for 4 channels are contiguous.
+// row's earlier inputs, or the slot's history ring, whose 4 channels' entries of a position are
+// contiguous.
 template <int NS>
 __device__ __forceinline__ void conv4_load(const kd_cu_conv_args &a, const int64_t (&ch)[NS], int64_t t,
                                            const kd_cu_tok &tk, float4 (&xt)[NS], float (&hx)[NS][4][kConv4Hw]) {
     constexpr int HW = kConv4Hw;
-    const int64_t P = a.P;
+    const int64_t P = a.P, C = 2 * a.QK + a.VD;
 #pragma unroll
     for (int s = 0; s < NS; s++) xt[s] = ld4(a.proj + t * P + ch[s]);
-    float4 wb[NS][HW]; /* the slot's window of the 4 channels: entry j of channel i at 3 i + j */
-    if (tk.pos < HW)
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-            const float *w0 = a.win + (int64_t)tk.slot * a.ws + ch[s] * HW;
-#pragma unroll
-            for (int m = 0; m < HW; m++) wb[s][m] = ld4(w0 + 4 * m);
-        }
 #pragma unroll
     for (int j = 0; j < HW; j++) {
         // history j holds the input at row position pos - HW + j
         const int tau = tk.pos - HW + j;
-        if (tau >= 0) {
+        const float *src = tau >= 0 ? a.proj + ((int64_t)tk.start + tau) * P : a.hist + kd_ring_row(tk, tau, a.R) * C;
 #pragma unroll
-            for (int s = 0; s < NS; s++) {
-                const float4 x = ld4(a.proj + ((int64_t)tk.start + tau) * P + ch[s]);
-                hx[s][0][j] = x.x, hx[s][1][j] = x.y, hx[s][2][j] = x.z, hx[s][3][j] = x.w;
-            }
-        } else {
-            const int e = HW + tau; /* the window's entry, 0 .. HW - 1 */
-#pragma unroll
-            for (int s = 0; s < NS; s++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int k0 = HW * i; /* entries k0 .. k0 + HW - 1 of wb[s] */
-                    const float v0 = f4at(wb[s][k0 / 4], k0 % 4), v1 = f4at(wb[s][(k0 + 1) / 4], (k0 + 1) % 4),
-                                v2 = f4at(wb[s][(k0 + 2) / 4], (k0 + 2) % 4);
-                    hx[s][i][j] = e == 0 ? v0 : e == 1 ? v1 : v2;
-                }
+        for (int s = 0; s < NS; s++) {
+            const float4 x = ld4(src + ch[s]);
+            hx[s][0][j] = x.x, hx[s][1][j] = x.y, hx[s][2][j] = x.z, hx[s][3][j] = x.w;
         }
     }
 }
@@ -232,7 +213,7 @@ __device__ __forceinline__ void conv4_out(const kd_cu_conv_args &a, const int64_
     if (tk.verify)
 #pragma unroll
         for (int s = 0; s < NS; s++)
-            st4(a.xrec + ((int64_t)tk.slot * a.Tw + tk.pos) * (2 * a.QK + a.VD) + ch[s], xt[s]);
+            st4(a.hist + kd_ring_row(tk, tk.pos, a.R) * (2 * a.QK + a.VD) + ch[s], xt[s]);
 }
 
 // The conv of channels [a.c0, C), 4 a thread in 16-byte accesses, a token a block row (blocks
@@ -284,7 +265,7 @@ __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args
     float4 gz = z4, xt[2] = {z4, z4};
     float hx[2][4][kConv4Hw] = {}; /* history j of channel ch[s] + i */
     float bz = 0.f;
-    kd_cu_tok tk = {0, 0, 0, 0};
+    kd_cu_tok tk = {0, 0, 0, 0, 0};
     if (!a.early) kd_dep_start();
     const float *grow = p.graw + (t * HV + hv0) * K + c;
     if (gearly && lt) gz = ld4(grow);
@@ -327,42 +308,29 @@ __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args
     }
 }
 
-// Layer l's windows and records at win + l * lwin, xrec + l * lxrec (L layers at once: the
-// folds of verify windows, whose inputs all come from the step before). Block (x, y, l): 256
-// channels of folds y, y + gridDim.y, ... in layer l, no division per element (with a thread an
-// element and four 64-bit divisions each, it ran at 1.8 TB/s under ncu on an H200: 128 folds of
-// 4 inputs, 20 layers). A window of at most kd_conv_width_max - 1 entries is read whole before
-// it is written (its loads in flight at once).
-__global__ void conv_fold_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t ws,
-                                 const float *xrec, int Tw, const float *proj, int64_t P, int64_t lwin,
-                                 int64_t lxrec) {
+// Prefill rows' last min(n, W - 1) inputs into their slots' history rings (kd_cu_fold). Block
+// (x, y): 256 channels of rows y, y + gridDim.y, ...
+__global__ void conv_ring_fill_kernel(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *hist, int R,
+                                      const float *proj, int64_t P) {
     kd_dep_start();
-    const int64_t Hw = W - 1, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, l = blockIdx.z;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const float *xr = xrec + l * lxrec;
     for (int fi = blockIdx.y; fi < n_folds; fi += gridDim.y) {
         const kd_cu_fold f = folds[fi];
-        const int64_t n = f.n;
-        float *hw = win + l * lwin + (int64_t)f.slot * ws + c * Hw;
-        // entry j: the input at j + n - Hw when j + n >= Hw, else the old entry j + n
-        auto entry = [&](int64_t j) {
-            const int64_t src = j + n - Hw;
-            if (j + n < Hw) return hw[j + n];
-            if (f.start >= 0) return proj[((int64_t)f.start + src) * P + c];
-            return xr[((int64_t)f.slot * Tw + f.rec_off + src) * C + c];
-        };
-        if (Hw <= kd_conv_width_max - 1) {
-            float e[kd_conv_width_max - 1];
-#pragma unroll
-            for (int j = 0; j < kd_conv_width_max - 1; j++)
-                if (j < Hw) e[j] = entry(j);
-#pragma unroll
-            for (int j = 0; j < kd_conv_width_max - 1; j++)
-                if (j < Hw) hw[j] = e[j];
-        } else {
-            for (int64_t j = 0; j < Hw; j++) hw[j] = entry(j); // ascending: reads only ahead of what it writes
-        }
+        for (int64_t i = f.n > W - 1 ? f.n - (W - 1) : 0; i < f.n; i++)
+            hist[((int64_t)f.slot * R + ((int64_t)f.ring + i) % R) * C + c] = proj[((int64_t)f.start + i) * P + c];
     }
+}
+
+// One slot's rings <-> export-layout windows ([C][W-1]) of L layers (blockIdx.y the layer).
+__global__ void conv_window_kernel(int to_ring, int64_t C, int W, float *hist, int64_t lhist, int R, int32_t slot,
+                                   int32_t head, float *win, int64_t lwin) {
+    const int64_t Hw = W - 1, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, l = blockIdx.y;
+    if (i >= C * Hw) return;
+    const int64_t c = i / Hw, j = i % Hw, at = ((int64_t)head - Hw + j + R) % R;
+    float *h = hist + l * lhist + ((int64_t)slot * R + at) * C + c, *w = win + l * lwin + i;
+    if (to_ring) *h = *w;
+    else *w = *h;
 }
 
 // One block per (column tile of 32, value head, prefill row); a thread owns one value
@@ -554,16 +522,15 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
 }
 
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD, const kd_cu_tok *toks,
-                            const float *win, int64_t win_stride, const float *w, int W, float *xrec, int Tw,
-                            float *q, float *k, float *v, cudaStream_t s) {
-    const kd_cu_conv_args a = {proj, P, N, QK, VD, toks, win, win_stride, w, W, xrec, Tw, q, k, v, 0, 0, 0};
+                            float *hist, int R, const float *w, int W, float *q, float *k, float *v, cudaStream_t s) {
+    const kd_cu_conv_args a = {proj, P, N, QK, VD, toks, hist, R, w, W, q, k, v, 0, 0, 0};
     return kd_cu_conv_silu_args(&a, s);
 }
 
 cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
     const int64_t C = 2 * a->QK + a->VD;
     if (a->N <= 0) return cudaSuccess;
-    if ((a->w && a->W < 1) || a->c0 < 0 || a->c1 < 0 || a->c1 > C) return cudaErrorInvalidValue;
+    if ((a->w && (a->W < 1 || a->R < a->W - 1)) || a->c0 < 0 || a->c1 < 0 || a->c1 > C) return cudaErrorInvalidValue;
     if (a->c0 >= (a->c1 ? a->c1 : C)) return cudaSuccess; /* no channel */
     unsigned gx = 0, gy = 0;
     kd_conv_grid(*a, kd_conv_block, &gx, &gy);
@@ -575,16 +542,16 @@ static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 int kd_cu_conv_prepare_ok(const kd_cu_conv_args *a, const kd_cu_prep_args *p) {
     const int64_t C = 2 * a->QK + a->VD;
     return p->K >= 4 && p->K <= 128 && p->K % 4 == 0 && p->H >= 1 && p->H <= 65535 && p->HV % p->H == 0 &&
-           a->QK == (int64_t)p->H * p->K && a->w && a->W == kd_conv_width_max && a->P % 4 == 0 && a->ws % 4 == 0 &&
-           C % 4 == 0 && al16(a->proj) && al16(a->win) && al16(a->xrec) && al16(a->w) && al16(p->graw) &&
+           a->QK == (int64_t)p->H * p->K && a->w && a->W == kd_conv_width_max && a->R >= a->W - 1 && a->P % 4 == 0 &&
+           C % 4 == 0 && al16(a->proj) && al16(a->hist) && al16(a->w) && al16(p->graw) &&
            al16(p->dt_bias) && al16(p->decay) && al16(p->qn) && al16(p->kn) && a->c0 == 0 && a->c1 == 0;
 }
 
 int kd_cu_conv4_ok(const kd_cu_conv_args *a) {
     const int64_t C = 2 * a->QK + a->VD;
-    return a->w && a->W == kd_conv_width_max && a->c0 >= 0 && a->c0 % 4 == 0 && a->c0 < C &&
-           (a->c1 == 0 || a->c1 == C) && C % 4 == 0 && a->QK % 4 == 0 && a->P % 4 == 0 && a->ws % 4 == 0 &&
-           al16(a->proj) && al16(a->win) && al16(a->xrec) && al16(a->w) && al16(a->q) && al16(a->k) && al16(a->v);
+    return a->w && a->W == kd_conv_width_max && a->R >= a->W - 1 && a->c0 >= 0 && a->c0 % 4 == 0 && a->c0 < C &&
+           (a->c1 == 0 || a->c1 == C) && C % 4 == 0 && a->QK % 4 == 0 && a->P % 4 == 0 && al16(a->proj) &&
+           al16(a->hist) && al16(a->w) && al16(a->q) && al16(a->k) && al16(a->v);
 }
 
 cudaError_t kd_cu_conv4(const kd_cu_conv_args *a, cudaStream_t s) {
@@ -603,28 +570,23 @@ cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_arg
     return kd_launch_dep(conv_prepare_kernel, dim3((unsigned)blocks, (unsigned)p->H), dim3(128), 0, s, *conv, *p);
 }
 
-// conv_fold_kernel's grid: channels, folds (at most 65535 rows of blocks; they loop over the
-// rest), layers. The launchers refuse more channels than fold_fits (the x blocks do not loop).
-static bool fold_fits(int64_t C) { return (C + kBlock - 1) / kBlock <= 0x7fffffff; }
-static dim3 fold_grid(int n_folds, int64_t C, int L) {
-    return dim3((unsigned)((C + kBlock - 1) / kBlock), (unsigned)(n_folds > 65535 ? 65535 : n_folds), (unsigned)L);
-}
-
-cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win, int64_t win_stride,
-                            const float *xrec, int Tw, const float *proj, int64_t P, cudaStream_t s) {
+cudaError_t kd_cu_conv_ring_fill(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *hist, int R,
+                                 const float *proj, int64_t P, cudaStream_t s) {
     if (n_folds <= 0 || C <= 0 || W <= 1) return cudaSuccess;
-    if (!fold_fits(C)) return cudaErrorInvalidValue;
-    return kd_launch_dep(conv_fold_kernel, fold_grid(n_folds, C, 1), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
-                         win_stride, xrec, Tw, proj, P, (int64_t)0, (int64_t)0);
+    if ((C + kBlock - 1) / kBlock > 0x7fffffff || R < W - 1) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)((C + kBlock - 1) / kBlock), (unsigned)(n_folds > 65535 ? 65535 : n_folds));
+    return kd_launch_dep(conv_ring_fill_kernel, grid, dim3(kBlock), 0, s, folds, n_folds, C, W, hist, R, proj, P);
 }
 
-cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, int64_t C, int W, float *win,
-                                   int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
-                                   cudaStream_t s) {
-    if (n_folds <= 0 || C <= 0 || W <= 1 || L <= 0) return cudaSuccess;
-    if (L > 65535 || !fold_fits(C)) return cudaErrorInvalidValue;
-    return kd_launch_dep(conv_fold_kernel, fold_grid(n_folds, C, L), dim3(kBlock), 0, s, folds, n_folds, C, W, win,
-                         win_stride, xrec, Tw, (const float *)nullptr, (int64_t)0, lwin, lxrec);
+cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist, int64_t lhist, int R, int32_t slot,
+                              int32_t head, float *win, int64_t lwin, cudaStream_t s) {
+    if (L <= 0 || C <= 0 || W <= 1) return cudaSuccess;
+    const int64_t blocks = (C * (W - 1) + kBlock - 1) / kBlock;
+    if (blocks > 0x7fffffff || L > 65535 || R < W - 1 || head < 0 || head >= R || slot < 0)
+        return cudaErrorInvalidValue;
+    conv_window_kernel<<<dim3((unsigned)blocks, (unsigned)L), kBlock, 0, s>>>(to_ring, C, W, hist, lhist, R, slot, head,
+                                                                               win, lwin);
+    return cudaGetLastError();
 }
 
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,

@@ -16,16 +16,16 @@
 #include <stdint.h>
 
 // One token of a batch: its row's slot, its position in the row, the row's first token
-// in the batch, and whether the row is a verify window (its conv inputs are recorded).
+// in the batch, whether the row is a verify window (its conv inputs are recorded), and the
+// index in the slot's conv history ring (kd_cu_conv_args) of the row's position 0.
 typedef struct kd_cu_tok {
-    int32_t slot, pos, start, verify;
+    int32_t slot, pos, start, verify, ring;
 } kd_cu_tok;
 
-// A conv window fold: win(slot) becomes the last W-1 inputs of (win, x_0..x_{n-1}), with
-// x_i = proj[start + i] (start >= 0: a prefill row's own inputs) or
-// x_i = xrec(slot)[rec_off + i] (start < 0: a verify window's records).
+// A prefill row's conv inputs into its slot's history ring: the last min(n, W - 1) of
+// x_i = proj[start + i] (i < n) at ring index (ring + i) mod R (kd_cu_conv_ring_fill).
 typedef struct kd_cu_fold {
-    int32_t slot, n, start, rec_off;
+    int32_t slot, n, start, ring;
 } kd_cu_fold;
 
 // A prefill row of the recurrence: tokens [start, start + len) of the batch, advancing the
@@ -51,33 +51,34 @@ cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N
                             int64_t off, int64_t width, cudaStream_t s);
 
 // Short conv + SiLU of the q | k | v channels (C = 2*QK + VD) of the fused projection
-// proj [N][P] (channels at columns 0..C-1), per token from its slot's window and the
+// proj [N][P] (channels at columns 0..C-1), per token from its slot's conv history and the
 // earlier inputs of its row: y_t = silu(w[W-1] x_t + sum_j w[j] hist_j). Writes q [N][QK],
-// k [N][QK], v [N][VD]; a verify row's inputs go to xrec(slot)[pos]. w == NULL: no conv,
-// y = silu(x) (win, xrec unused). The windows are only read; slot s's window is at
-// win + s * win_stride ([C][W-1]).
+// k [N][QK], v [N][VD]. The history: a ring of R >= W - 1 + (the longest verify window)
+// entries a slot, hist + (s R + i) C the C inputs of ring index i of slot s; a row's position p
+// is at index (tok.ring + p) mod R, so its history entries (positions -W+1 .. -1) are the slot's
+// committed inputs, and a verify row writes its inputs (the records the next step commits by
+// advancing the ring's position, no data moved) at its own positions. w == NULL: no conv,
+// y = silu(x) (hist unused).
 // kd_cu_conv_silu's arguments, as one (kernels/cuda/conv.cuh), the channels it takes: [c0, c1),
-// c1 = 0 meaning all C, and `early`: 1 when everything the conv reads (proj, toks, win) was
-// written two or more kernels before it in the stream (the caller knows the order), so that it
-// may load before its programmatic wait (kernels/cuda/launch.cuh).
+// c1 = 0 meaning all C, and `early`: 1 when everything the conv reads (proj, toks, the history
+// entries) was written two or more kernels before it in the stream (the caller knows the order),
+// so that it may load before its programmatic wait (kernels/cuda/launch.cuh).
 typedef struct kd_cu_conv_args {
     const float *proj;
     int64_t P, N, QK, VD;
     const kd_cu_tok *toks;
-    const float *win;
-    int64_t ws;
+    float *hist;
+    int R;
     const float *w;
     int W;
-    float *xrec;
-    int Tw;
     float *q, *k, *v;
     int64_t c0, c1;
     int early;
 } kd_cu_conv_args;
 
 cudaError_t kd_cu_conv_silu(const float *proj, int64_t P, int64_t N, int64_t QK, int64_t VD,
-                            const kd_cu_tok *toks, const float *win, int64_t win_stride, const float *w, int W,
-                            float *xrec, int Tw, float *q, float *k, float *v, cudaStream_t s);
+                            const kd_cu_tok *toks, float *hist, int R, const float *w, int W, float *q, float *k,
+                            float *v, cudaStream_t s);
 // The same from its arguments, the channels [a->c0, a->c1) only.
 cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s);
 
@@ -113,17 +114,17 @@ int kd_cu_conv4_ok(const kd_cu_conv_args *conv);
 cudaError_t kd_cu_conv4(const kd_cu_conv_args *conv, cudaStream_t s);
 cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s);
 
-// Conv window folds (kd_cu_fold), one thread per (fold, channel).
-cudaError_t kd_cu_conv_fold(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *win,
-                            int64_t win_stride, const float *xrec, int Tw, const float *proj, int64_t P,
-                            cudaStream_t s);
+// Prefill rows' last inputs into their slots' history rings (kd_cu_fold), one thread per
+// (row, channel): run after the row's conv, which read the entries these overwrite.
+cudaError_t kd_cu_conv_ring_fill(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *hist, int R,
+                                 const float *proj, int64_t P, cudaStream_t s);
 
-// The same folds in L layers at once, layer l's windows at win + l * lwin and records at
-// xrec + l * lxrec: verify windows' folds only (start < 0; their inputs are the records of the
-// step before, so the backend folds every layer's windows in one launch before the first layer).
-cudaError_t kd_cu_conv_fold_layers(const kd_cu_fold *folds, int n_folds, int L, int64_t C, int W, float *win,
-                                   int64_t lwin, int64_t win_stride, const float *xrec, int64_t lxrec, int Tw,
-                                   cudaStream_t s);
+// Between one slot's history rings and a conv window in the export layout ([C][W-1], entry j
+// of channel c the input at position j - W + 1 before the committed one), for L layers: layer
+// l's ring of the slot at hist + l * lhist + slot R C, its window at win + l * lwin; head: the
+// ring index of the committed position. to_ring: window -> ring, else ring -> window.
+cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist, int64_t lhist, int R, int32_t slot,
+                              int32_t head, float *win, int64_t lwin, cudaStream_t s);
 
 // The KDA recurrence of prefill rows, token by token, on the committed state in place:
 // S <- diag(decay) S; u = beta (v - S^T kn); S += kn u^T; o = S^T qn (KDA.md §2.6).

@@ -495,7 +495,7 @@ int main(int argc, char **argv) {
     json += buf;
     json += "  \"steps\": [\n";
     std::string md = "| B | s | tokens/step | step (graphs) ms | step (eager) ms | step (graphs, plain stream order) ms | "
-                     "step (graphs, cuBLAS for every product) ms | step (graphs, conv folds one launch a layer) ms | "
+                     "step (graphs, cuBLAS for every product) ms | "
                      "step (graphs, no L2 prefetch) ms | "
                      "step (graphs, f_proj.1 and g_proj.1 one launch each) ms | "
                      "step (graphs, no fusion) ms | step (graphs, copy fused) ms | step (graphs, conv fused) ms | "
@@ -505,7 +505,7 @@ int main(int argc, char **argv) {
                      "step (graphs, f_proj.1 and g_proj.1 on a second stream from 33 rows) ms | "
                      "step (graphs, f_proj.1 and g_proj.1 on a second stream at every row count) ms | "
                      "bytes/step GB | roofline ms | of roofline |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     std::vector<int32_t> rec(129, 0);
     std::string abl_md = "| B | s | step ms |";
     for (int i = 0; i < kAblate; i++) abl_md += std::string(" ") + kAblateName[i] + " |";
@@ -563,8 +563,8 @@ int main(int argc, char **argv) {
     struct PointRes {
         /* ms[1]: graphs, ms[0]: eager, ms[2]: graphs with the kernels in plain stream order
          * (no programmatic dependent launches), ms[3]: graphs with cuBLAS for every product
-         * (no skinny GEMM kernel), ms[4]: graphs with the verify windows' conv folds one launch a
-         * layer (kd_cuda_set_fold_layers(0)), ms[5]: graphs without the L2 prefetch of weights,
+         * (no skinny GEMM kernel), ms[4]: unused (it was the conv windows' folds one launch a layer,
+         * before the conv history rings), ms[5]: graphs without the L2 prefetch of weights,
          * ms[6]: graphs with f_proj.1 and g_proj.1 one launch
          * each, ms[7]: graphs with the gates' copy, the conv and f_proj.1 + g_proj.1 in their own
          * kernels (kd_cuda_set_fuse(0)), ms[8] / ms[9]: only the copy / only the conv fused,
@@ -592,11 +592,10 @@ int main(int argc, char **argv) {
             if (prof_b >= 0 && (Bn != prof_b || s != prof_s)) continue;
             PointRes &r = R[p];
             for (int v = 0; v < (prof_b >= 0 ? 1 : n_v); v++) {
-                if (second_stream(v) != (pass == 1)) continue;
+                if (second_stream(v) != (pass == 1) || v == 4) continue;
                 const int graphs = v != 1;
                 kd_cuda_set_pdl(be, v != 2);
                 kd_cuda_set_skinny(be, v != 3);
-                kd_cuda_set_fold_layers(be, v != 4);
                 if (v == 5) kd_cuda_set_prefetch(be, 0, 0, 1);
                 else if (v >= v_pf) kd_cuda_set_prefetch(be, pf_bytes(kPf[v - v_pf]), 1 << 20, kPf[v - v_pf].mode);
                 else kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
@@ -627,7 +626,6 @@ int main(int argc, char **argv) {
             }
             kd_cuda_set_pdl(be, 1);
             kd_cuda_set_skinny(be, 1);
-            kd_cuda_set_fold_layers(be, 1);
             kd_cuda_set_skip(be, 0);
             kd_cuda_set_prefetch(be, -1, pf_rows_default, pf_mode_default);
             kd_cuda_set_prefetch_order(be, pf_order_default);
@@ -732,7 +730,7 @@ int main(int argc, char **argv) {
         const double roof = bytes / copy_bw * 1e3;
         const double frac = roof / ms[1];
         printf("B=%3d s=%d: step %.3f ms (graphs), %.3f ms (eager), %.3f ms (graphs, plain stream order), %.3f ms "
-               "(graphs, cuBLAS for every product), %.3f ms (graphs, conv folds one launch a layer), %.3f ms "
+               "(graphs, cuBLAS for every product), %.3f ms "
                "(graphs, no L2 prefetch), %.3f ms "
                "(graphs, f_proj.1 and g_proj.1 one launch each), %.3f ms "
                "(graphs, "
@@ -741,12 +739,12 @@ int main(int argc, char **argv) {
                "%.3f ms (graphs, conv and prepare apart), %.3f ms (graphs, conv + prepare at every row count), "
                "%.3f / %.3f ms (graphs, f/g on a second stream from 33 rows / at every row count); "
                "%.2f GB/step; roofline %.3f ms: %.1f %%\n",
-               Bn, s, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10], ms[11],
-               ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
+               Bn, s, ms[1], ms[0], ms[2], ms[3], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10], ms[11], ms[12],
+               ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
         snprintf(buf, sizeof buf,
                  "%s    {\"B\": %d, \"s\": %d, \"step_ms_graphs\": %.4f, \"step_ms_eager\": %.4f, \"bytes\": %.0f, "
                  "\"step_ms_graphs_stream_order\": %.4f, \"step_ms_graphs_cublas\": %.4f, "
-                 "\"step_ms_graphs_folds_per_layer\": %.4f, \"step_ms_graphs_no_prefetch\": %.4f, "
+                 "\"step_ms_graphs_no_prefetch\": %.4f, "
                  "\"step_ms_graphs_fg_unpaired\": %.4f, \"step_ms_graphs_no_fusion\": %.4f, "
                  "\"step_ms_graphs_copy_fused\": %.4f, \"step_ms_graphs_conv_fused\": %.4f, "
                  "\"step_ms_graphs_gemmex\": %.4f, \"step_ms_graphs_lt_first\": %.4f, "
@@ -754,14 +752,14 @@ int main(int argc, char **argv) {
                  "\"step_ms_graphs_conv_prepare_always\": %.4f, \"step_ms_graphs_fg_side_from_33\": %.4f, "
                  "\"step_ms_graphs_fg_side_always\": %.4f, \"step_ms_products_only\": %.4f, "
                  "\"step_ms_products_left_out\": %.4f, \"roofline_ms\": %.4f, \"fraction_of_roofline\": %.3f}",
-                 first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8],
+                 first ? "" : ",\n", Bn, s, ms[1], ms[0], bytes, ms[2], ms[3], ms[5], ms[6], ms[7], ms[8],
                  ms[9], ms[10], ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], only[0], only[1], roof, frac);
         json += buf;
         first = false;
         snprintf(buf, sizeof buf,
-                 "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
+                 "| %d | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
                  "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f %% |\n",
-                 Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10],
+                 Bn, s, Bn * T, ms[1], ms[0], ms[2], ms[3], ms[5], ms[6], ms[7], ms[8], ms[9], ms[10],
                  ms[11], ms[12], ms[13], ms[14], ms[15], ms[16], bytes / 1e9, roof, 100 * frac);
         md += buf;
         /* the L2 prefetch in every step, by bytes a layer and mode */
@@ -823,8 +821,7 @@ int main(int argc, char **argv) {
                    "window's records and conv inputs written and read back) / copy bandwidth. Every draft accepted, so "
                    "each step folds the whole previous window. The products where the backend's skinny GEMM kernel "
                    "beats cuBLAS (gemv.cuh, kd_cu_skinny_pick) go to it; the cuBLAS column runs every product through "
-                   "cuBLAS, the conv folds column folds the verify windows' conv windows one launch a layer "
-                   "instead of all layers in one (kd_cuda_set_fold_layers), the next runs without the L2 "
+                   "cuBLAS, the next runs without the L2 "
                    "prefetch of weights (by default from blocks of the gated and MLP RMSNorms' launches in steps of "
                    "at most %d requests: kd_cuda_set_prefetch mode 4), the next with f_proj.1 and g_proj.1 in a launch "
                    "each (kd_cuda_set_pair(0)), the next with the conv and the KDA prepare in their own kernels "

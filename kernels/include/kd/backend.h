@@ -129,7 +129,10 @@ typedef struct kd_backend_ops {
      * in backends that keep the state in host memory): fills out[] with its non-empty regions in
      * the export layout's order (per layer: S, then the conv window) and returns their number,
      * or -1 with a message when more than max. Valid until the backend is destroyed; the
-     * caller orders its own streams against the backend's (it synchronizes after each op). */
+     * caller orders its own streams against the backend's (it synchronizes after each op).
+     * The regions hold the state as of the slot's last reset, state write, copy into, read or
+     * hash (the CUDA backend keeps running slots' conv windows elsewhere); a transport writes
+     * a slot reset (or written) since its last forward or commit. */
     int (*state_regions)(kd_backend *b, int32_t slot, kd_dev_region *out, int max, kd_err *err);
     /* Runs a batch like forward and samples its logits where they are (on a GPU: only the
      * tokens come back); see kd_backend_forward_sample. */
@@ -254,10 +257,6 @@ int kd_cuda_set_skinny(kd_backend *b, int on);
  * segment-diagonal tensor-core forms); -1 cuBLAS; a form of the skinny kernel, that form.
  * Drops the captured graphs; -1 for an unknown form. Benchmarks. */
 int kd_cuda_set_skinny_rows_form(kd_backend *b, int form);
-/* The verify windows' conv folds of every layer in one launch before the first layer (on by
- * default), or one launch a layer (off): the same copies either way (cuda_test compares the
- * two); drops the captured graphs. Benchmarks and tests. */
-int kd_cuda_set_fold_layers(kd_backend *b, int on);
 /* How the bf16 products that the skinny kernel does not take run: 0 cublasGemmEx (its default
  * algorithm), 1 cuBLASLt with the first algorithm of its heuristic, 2 (the default) cuBLASLt
  * with the algorithm kernels/cuda/gemm_lt.cuh's table names for the shape where it names one
