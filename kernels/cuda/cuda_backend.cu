@@ -631,7 +631,7 @@ int state_pieces(cu_backend *cb, int32_t slot, size_t off, size_t len, F fn) {
 int conv_sync(cu_backend *cb, int32_t slot, bool to_ring, kd_err *err) {
     if (cb->lhist == 0 || cb->Hw < 1 || cb->conv_sync[slot] != (to_ring ? CONV_WIN : CONV_RING)) return 0;
     KDA(kd_cu_conv_window(to_ring, (int)cb->base.config.n_layers, cb->C, (int)cb->W, cb->hist, cb->lhist, cb->R, slot,
-                          cb->conv_head[slot], cb->win, cb->lwin, cb->stream));
+                          cb->conv_head[slot], cb->win + (size_t)slot * cb->sstride, cb->lwin, cb->stream));
     cb->conv_sync[slot] = CONV_BOTH;
     return 0;
 }
