@@ -219,7 +219,6 @@ struct cu_backend {
     int graphs;
     int skinny; // products that kd_cu_skinny_pick names (bf16 activations) go to kd_cu_gemm_skinny
     int rows_form; // kd_cuda_set_skinny_rows_form: 2-4 rows, K > 256 (0: the pick, -1: cuBLAS, or a form)
-    int hist_pf;     // the rows' conv history entries into the L2 at the step's start (kd_cuda_set_hist_prefetch)
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     int64_t pair_batched; // their strided batched cuBLAS launches made (kd_cuda_pair_batched)
     int swiglu;      // gate|up and SwiGLU in one launch where the skinny kernel takes gate|up (kd_cuda_set_swiglu)
@@ -873,12 +872,6 @@ bool conv_prep_rows(int64_t N, int max_len) { return N >= 4 && !(N == 4 && max_l
 // The most activation rows (tokens, where the prefetch as a whole counts requests: pf_rows) of a
 // forward in which the MLP RMSNorm's blocks prefetch their share of gate|up (the header says why).
 constexpr int64_t kPfMlpMaxRows = 2;
-/* Forwards of at most this many rows prefetch every layer's conv history entries of their rows
- * into the L2 before the first layer (kd_cu_conv_hist_prefetch), where each layer's conv would
- * otherwise wait on the memory for them: until the rings, the windows' fold kernel at the step's
- * start left them in the L2 (48B step at B = 1 on an H200: 1.616 ms with that fold, 1.661 with
- * the rings and no prefetch, both in one call: tests/bench/results/logs/ring_ab_h200_1da08be.log). */
-constexpr int kHistPfRows = 2;
 
 // Offset of an activation-type pointer by n elements.
 void *act_at(cu_backend *cb, void *p, int64_t n) { return (char *)p + (size_t)n * cb->wsz; }
@@ -1029,8 +1022,6 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const int64_t pf_gn = pf4 ? (gu_bytes < cb->pf_bytes ? gu_bytes : cb->pf_bytes) & ~(int64_t)15 : 0;
     const int64_t mlp_room = gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes;
     const int64_t pf_mlp = pf4 && N <= kPfMlpMaxRows ? mlp_room & ~(int64_t)15 : 0;
-    if (cb->hist_pf && conv && cb->lhist > 0 && nv + np <= kHistPfRows)
-        KDA(kd_cu_conv_hist_prefetch(d_toks, N, (int)c->n_layers, C, (int)cb->W, cb->hist, cb->lhist, cb->R, s));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cu_layer *Ly = &cb->layers[l];
         float *hist = cb->hist + (size_t)l * cb->lhist;
@@ -1399,7 +1390,6 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
     cb->skinny = 1;
     cb->pair = 1;
-    cb->hist_pf = 1;
     cb->swiglu = 1;
     cb->fuse = KD_CUDA_FUSE_DEFAULT;
     cb->side_rows = kSideRows;
@@ -1510,7 +1500,6 @@ extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
 }
 
 extern "C" int kd_cuda_set_pair(kd_backend *b, int on) { return set_switch(b, &cu_backend::pair, on); }
-extern "C" int kd_cuda_set_hist_prefetch(kd_backend *b, int on) { return set_switch(b, &cu_backend::hist_pf, on); }
 
 extern "C" int kd_cuda_set_swiglu(kd_backend *b, int on) { return set_switch(b, &cu_backend::swiglu, on); }
 

@@ -322,20 +322,6 @@ __global__ void conv_ring_fill_kernel(const kd_cu_fold *folds, int n_folds, int6
     }
 }
 
-// Block (x, l): token x's row's history entries in layer l (rows starting there only).
-__global__ void conv_hist_prefetch_kernel(const kd_cu_tok *toks, int C, int W, const float *hist, int64_t lhist,
-                                          int R) {
-    kd_dep_start();
-    const kd_cu_tok tk = toks[blockIdx.x];
-    if (tk.pos != 0) return;
-    const int64_t lines = ((int64_t)C * 4 + 127) / 128;
-    for (int64_t i = threadIdx.x; i < (W - 1) * lines; i += blockDim.x) {
-        const int64_t j = i / lines, o = i % lines;
-        const char *row = (const char *)(hist + blockIdx.y * lhist + kd_ring_row(tk, (int)(j - (W - 1)), R) * C);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + o * 128));
-    }
-}
-
 // One slot's rings <-> export-layout windows ([C][W-1]) of L layers (blockIdx.y the layer).
 __global__ void conv_window_kernel(int to_ring, int64_t C, int W, float *hist, int64_t lhist, int R, int32_t slot,
                                    int32_t head, float *win, int64_t lwin) {
@@ -590,14 +576,6 @@ cudaError_t kd_cu_conv_ring_fill(const kd_cu_fold *folds, int n_folds, int64_t C
     if ((C + kBlock - 1) / kBlock > 0x7fffffff || R < W - 1) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)((C + kBlock - 1) / kBlock), (unsigned)(n_folds > 65535 ? 65535 : n_folds));
     return kd_launch_dep(conv_ring_fill_kernel, grid, dim3(kBlock), 0, s, folds, n_folds, C, W, hist, R, proj, P);
-}
-
-cudaError_t kd_cu_conv_hist_prefetch(const kd_cu_tok *toks, int64_t n_tok, int L, int64_t C, int W, const float *hist,
-                                     int64_t lhist, int R, cudaStream_t s) {
-    if (n_tok <= 0 || L <= 0 || C <= 0 || W <= 1) return cudaSuccess;
-    if (n_tok > 0x7fffffff || L > 65535 || C > 0x7fffffff || R < W - 1) return cudaErrorInvalidValue;
-    return kd_launch_dep(conv_hist_prefetch_kernel, dim3((unsigned)n_tok, (unsigned)L), dim3(kBlock), 0, s, toks,
-                         (int)C, W, hist, lhist, R);
 }
 
 cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist, int64_t lhist, int R, int32_t slot,

@@ -119,12 +119,6 @@ cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_arg
 cudaError_t kd_cu_conv_ring_fill(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *hist, int R,
                                  const float *proj, int64_t P, cudaStream_t s);
 
-// The history entries (W - 1 ring rows of C inputs before tok.ring) of every row of the batch
-// (the tokens at position 0 of n_tok), for L layers (layer l's rings at hist + l * lhist), into
-// the L2 by prefetch.global.L2: a hint, nothing written.
-cudaError_t kd_cu_conv_hist_prefetch(const kd_cu_tok *toks, int64_t n_tok, int L, int64_t C, int W, const float *hist,
-                                     int64_t lhist, int R, cudaStream_t s);
-
 // Between one slot's history rings and a conv window in the export layout ([C][W-1], entry j
 // of channel c the input at position j - W + 1 before the committed one), for L layers: layer
 // l's ring of the slot at hist + l * lhist + slot R C, its window at win + l * lwin; head: the

@@ -18,8 +18,6 @@
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
-//   KD_BENCH_HISTPF=1 cuda_bench ...: only steps of 1-2 rows, the conv history prefetch
-//   (kd_cuda_set_hist_prefetch) off and on in alternated rounds (printed only).
 //   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
 //   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
@@ -379,14 +377,6 @@ int main(int argc, char **argv) {
         const int pts[][2] = {{16, 3}, {32, 1}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
         ab_rounds(be, VOC, "pair", pts, sizeof pts / sizeof pts[0], "a launch each", "one launch", "two",
                   [](kd_backend *x, int m) { kd_cuda_set_pair(x, m); });
-        kd_engine_free(e);
-        kd_backend_free(be);
-        return 0;
-    }
-    if (getenv("KD_BENCH_HISTPF")) { /* the conv history prefetch at the step's start, steps of 1-2 rows */
-        const int pts[][2] = {{1, 0}, {1, 3}, {2, 0}, {2, 1}, {1, 1}};
-        ab_rounds(be, VOC, "histpf", pts, sizeof pts / sizeof pts[0], "no prefetch", "prefetch", "none",
-                  [](kd_backend *x, int m) { kd_cuda_set_hist_prefetch(x, m); });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -241,10 +241,6 @@ int kd_cuda_set_pdl(kd_backend *b, int on);
  * same shapes; cuBLAS's kernel for a batch of two may sum in another order than for one); or
  * one launch each (off). Drops the captured graphs. Benchmarks and tests. */
 int kd_cuda_set_pair(kd_backend *b, int on);
-/* In forwards of at most 2 rows, every layer's conv history entries of the rows prefetched into
- * the L2 before the first layer (on by default; a hint, the same results). Drops the captured
- * graphs. Benchmarks. */
-int kd_cuda_set_hist_prefetch(kd_backend *b, int on);
 /* How many of those batched cuBLAS launches the backend has made (captured launches counted
  * once), -1 for a backend that is not CUDA. Tests. */
 int64_t kd_cuda_pair_batched(kd_backend *b);
