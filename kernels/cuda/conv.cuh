@@ -25,7 +25,7 @@ __device__ __forceinline__ float kd_conv_add(float acc, float w, float x) { retu
 // The row of the history ring (kd_cu_conv_args) holding position p (-W < p < R - W + 1) of the
 // token's row: slot s's ring index (tk.ring + p) mod R, as a row of C inputs.
 __device__ __forceinline__ int64_t kd_ring_row(const kd_cu_tok &tk, int p, int R) {
-    int i = tk.ring + p;
+    int i = (int)((uint32_t)tk.vring >> 1) + p;
     i = i < 0 ? i + R : i >= R ? i - R : i;
     return (int64_t)tk.slot * R + i;
 }
@@ -54,7 +54,7 @@ __device__ __forceinline__ void kd_conv_taps(const kd_cu_conv_args &a, int64_t c
 // left-out table).
 template <int NC, int G> struct kd_conv_in {
     float xt[NC][G], xv[NC][G][kd_conv_width_max - 1];
-    kd_cu_tok tk[G];
+    int32_t rec[G]; /* the ring row a verify token's inputs go to (kd_ring_row), else -1 */
 };
 
 template <int NC, int G>
@@ -66,13 +66,16 @@ __device__ __forceinline__ void kd_conv_load(const kd_cu_conv_args &a, const int
     const int64_t P = a.P, C = 2 * a.QK + a.VD, Hw = a.W - 1;
     const bool conv = a.w != nullptr;
     constexpr int WM = kd_conv_width_max;
+    kd_cu_tok tk[G];
 #pragma unroll
-    for (int g = 0; g < G; g++)
+    for (int g = 0; g < G; g++) {
+        in.rec[g] = -1;
         if (g < ng) {
 #pragma unroll
             for (int i = 0; i < NC; i++) in.xt[i][g] = proj[(t0 + g) * P + ch[i]];
-            if (conv) in.tk[g] = toks[t0 + g];
+            if (conv) tk[g] = toks[t0 + g];
         }
+    }
     if (conv) {
 #pragma unroll
         for (int g = 0; g < G; g++)
@@ -80,12 +83,15 @@ __device__ __forceinline__ void kd_conv_load(const kd_cu_conv_args &a, const int
             for (int j = 0; j < WM - 1; j++)
                 if (g < ng && j < Hw) {
                     // history j holds the input at row position pos - Hw + j
-                    const int64_t tau = in.tk[g].pos - Hw + j;
+                    const int64_t tau = tk[g].pos - Hw + j;
 #pragma unroll
                     for (int i = 0; i < NC; i++)
-                        in.xv[i][g][j] = tau >= 0 ? proj[(in.tk[g].start + tau) * P + ch[i]]
-                                                  : hist[kd_ring_row(in.tk[g], (int)tau, a.R) * C + ch[i]];
+                        in.xv[i][g][j] = tau >= 0 ? proj[(tk[g].start + tau) * P + ch[i]]
+                                                  : hist[kd_ring_row(tk[g], (int)tau, a.R) * C + ch[i]];
                 }
+#pragma unroll
+        for (int g = 0; g < G; g++)
+            if (g < ng && (tk[g].vring & 1)) in.rec[g] = (int32_t)kd_ring_row(tk[g], tk[g].pos, a.R);
     }
 }
 
@@ -109,7 +115,7 @@ __device__ __forceinline__ void kd_conv_out(const kd_cu_conv_args &a, const int6
                 for (int j = 0; j < kd_conv_width_max - 1; j++)
                     if (j < Hw) acc = kd_conv_add(acc, wc[i][j], in.xv[i][g][j]);
                 y[i][g] = kd_silu_(acc);
-                if (in.tk[g].verify) hist[kd_ring_row(in.tk[g], in.tk[g].pos, a.R) * C + ch[i]] = in.xt[i][g];
+                if (in.rec[g] >= 0) hist[(int64_t)in.rec[g] * C + ch[i]] = in.xt[i][g];
             } else {
                 y[i][g] = kd_silu_(in.xt[i][g]);
             }
@@ -171,7 +177,7 @@ __device__ __forceinline__ void kd_conv_silu_block(const kd_cu_conv_args &a, int
                 acc = kd_conv_add(acc, wc[j], xv);
             }
             y = kd_silu_(acc);
-            if (tk.verify) hist[kd_ring_row(tk, tk.pos, a.R) * C + c] = xt;
+            if (tk.vring & 1) hist[kd_ring_row(tk, tk.pos, a.R) * C + c] = xt;
         } else {
             y = kd_silu_(xt);
         }

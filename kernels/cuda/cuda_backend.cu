@@ -934,7 +934,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
                                     : cb->conv_head[row.slot];
         for (int32_t i = 0; i < row.n_tokens; i++) {
             tokens[t0 + i] = rt[i];
-            toks[t0 + i] = kd_cu_tok{row.slot, i, (int32_t)t0, verify, ring};
+            toks[t0 + i] = kd_cu_tok_make(row.slot, i, (int32_t)t0, verify, ring);
         }
         if (verify) {
             kd_kda_row *vr = &vrows[sh.nv++];
@@ -976,7 +976,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
         const int64_t Np = (int64_t)pad_rows * pad_window;
         for (int64_t t = t0; t < Np; t++) { // tokens of no row
             tokens[t] = 0;
-            toks[t] = kd_cu_tok{scratch, 0, (int32_t)t, 0, cb->conv_head[scratch]};
+            toks[t] = kd_cu_tok_make(scratch, 0, (int32_t)t, 0, cb->conv_head[scratch]);
         }
         for (int64_t t = 0; t < Np; t++) lrows[t] = (int32_t)t;
         sh.max_len = pad_window;

@@ -1295,7 +1295,7 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         const int n = verify ? 1 + r.uni(TW) : 1 + r.uni(9), base = r.uni(RN);
         const int32_t start = (int32_t)toks.size();
         for (int i = 0; i < n; i++) {
-            toks.push_back({slot, i, start, verify ? 1 : 0, base});
+            toks.push_back(kd_cu_tok_make(slot, i, start, verify, base));
             if (verify)
                 for (int64_t c = 0; c < C; c++) ring0[((size_t)slot * RN + (base + i) % RN) * C + c] = NAN;
         }

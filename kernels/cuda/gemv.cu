@@ -239,9 +239,20 @@ __global__ void __launch_bounds__(256) skinny_row_kernel(int M, int N, int K, co
     row_body<MT, RW, U, SWIGLU, COPY>(blockIdx.x, M, N, K, A, lda, W, ldw, beta, C, ldc, Y, ep);
 }
 
+// Blocks an SM the compiler keeps registers for, so that the forms keep what they had before the
+// conv's history ring (its index and wrap took them from 64-80 registers a thread to 84-93, a block
+// an SM fewer): 4 (64 registers) for forms 5 and 6 at 1 row and 5 at 2; 3 (85) for form 6 at 2
+// rows, 7 and 8 at 1 and 5 at 3-4 (ptxas -v: no spills but form 5 at 3-4 rows' 8 bytes, as before).
+constexpr int row_pair_minb(int MT, int RW, int U) {
+    if ((MT == 1 && RW == 1 && U == 4) || (MT <= 2 && RW == 2 && U == 2)) return 4;
+    if ((MT == 2 && RW == 1 && U == 4) || (MT == 1 && RW == 2 && U == 4) || (MT == 1 && RW == 4)) return 3;
+    return MT == 4 && RW == 2 && U == 2 ? 3 : 1;
+}
+
 template <int MT, int RW, int U>
-__global__ void __launch_bounds__(256) skinny_row_pair_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1, int nb0,
-                                                              float beta, kd_cu_conv_args ca, conv_grid cg) {
+__global__ void __launch_bounds__(256, row_pair_minb(MT, RW, U))
+    skinny_row_pair_kernel(int M, int K, kd_skinny_job j0, kd_skinny_job j1, int nb0, float beta, kd_cu_conv_args ca,
+                           conv_grid cg) {
     const int b = (int)blockIdx.x - cg.x * cg.y;
     if (b < 0) {
         kd_conv_silu_block(ca, (int)blockIdx.x % cg.x, (int)blockIdx.x / cg.x, cg.y); /* waits first: ca.early 0 */

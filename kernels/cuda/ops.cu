@@ -145,7 +145,7 @@ __global__ void copy_cols_kernel(Y *dst, const float *src, int64_t N, int64_t ld
 }
 
 // The conv + SiLU alone (conv.cuh; f_proj.1 + g_proj.1's launch may run it instead).
-__global__ void conv_silu_kernel(const kd_cu_conv_args a) {
+__global__ void __launch_bounds__(kd_conv_block, 4) conv_silu_kernel(const kd_cu_conv_args a) {
     kd_conv_silu_block(a, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.y);
 }
 
@@ -210,7 +210,7 @@ __device__ __forceinline__ void conv4_out(const kd_cu_conv_args &a, const int64_
             for (int j = 0; j < kConv4Hw; j++) acc = kd_conv_add(acc, f4at(tp[s][i], j), hx[s][i][j]);
             y[s][i] = kd_silu_(acc);
         }
-    if (tk.verify)
+    if (tk.vring & 1)
 #pragma unroll
         for (int s = 0; s < NS; s++)
             st4(a.hist + kd_ring_row(tk, tk.pos, a.R) * (2 * a.QK + a.VD) + ch[s], xt[s]);
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args
     float4 gz = z4, xt[2] = {z4, z4};
     float hx[2][4][kConv4Hw] = {}; /* history j of channel ch[s] + i */
     float bz = 0.f;
-    kd_cu_tok tk = {0, 0, 0, 0, 0};
+    kd_cu_tok tk = {0, 0, 0, 0};
     if (!a.early) kd_dep_start();
     const float *grow = p.graw + (t * HV + hv0) * K + c;
     if (gearly && lt) gz = ld4(grow);

@@ -16,11 +16,18 @@
 #include <stdint.h>
 
 // One token of a batch: its row's slot, its position in the row, the row's first token
-// in the batch, whether the row is a verify window (its conv inputs are recorded), and the
-// index in the slot's conv history ring (kd_cu_conv_args) of the row's position 0.
+// in the batch, and vring: bit 0 whether the row is a verify window (its conv inputs are
+// recorded), the bits above the index in the slot's conv history ring (kd_cu_conv_args) of the
+// row's position 0 (kd_cu_tok_make). Four words, as before the ring: the kernels that run the conv
+// hold a group of tokens' entries in registers (with a fifth field f_proj.1 + g_proj.1's launch
+// with the conv took 8-14 more registers a thread).
 typedef struct kd_cu_tok {
-    int32_t slot, pos, start, verify, ring;
+    int32_t slot, pos, start, vring;
 } kd_cu_tok;
+static inline kd_cu_tok kd_cu_tok_make(int32_t slot, int32_t pos, int32_t start, int verify, int32_t ring) {
+    kd_cu_tok t = {slot, pos, start, (int32_t)(((uint32_t)ring << 1) | (verify ? 1u : 0u))};
+    return t;
+}
 
 // A prefill row's conv inputs into its slot's history ring: the last min(n, W - 1) of
 // x_i = proj[start + i] (i < n) at ring index (ring + i) mod R (kd_cu_conv_ring_fill).
