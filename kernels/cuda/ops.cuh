@@ -7,8 +7,10 @@
 // fp32. `bf16` selects the type of what a launcher writes for a GEMM to read (0: float,
 // 1: __nv_bfloat16): the bf16 activation mode feeds bf16 into cuBLAS.
 //
-// Per-slot state buffers (one layer): conv windows win [slots+1][C][W-1] (oldest first, the
-// CPU layout), conv input records xrec [slots+1][Tw][C], recurrent states [slots+1][HV][K][V].
+// Per-slot state buffers (one layer): conv history rings hist [slots+1][W-1+Tw][C] (the
+// committed inputs and the last verify window's: kd_cu_conv_args), recurrent states
+// [slots+1][HV][K][V]; the conv windows in the export layout [slots+1][C][W-1] (oldest first, the
+// CPU layout) only for the state calls (kd_cu_conv_window).
 #ifndef KD_CUDA_OPS_CUH
 #define KD_CUDA_OPS_CUH
 
