@@ -130,7 +130,9 @@ int kd_engine_step(kd_engine *e, kd_err *err);
 int kd_engine_has_work(const kd_engine *e);
 
 /* Disaggregation (a state computed by a prefill worker). A reserved slot belongs to no
- * request until claimed; admission skips it. Returns the slot or -1 if none is free. */
+ * request until claimed; admission skips it. The slot is reset (its state zero, in the backend's
+ * export layout, where a transport may write it directly). Returns the slot or -1 if none is
+ * free (or the reset failed). */
 int32_t kd_engine_reserve_slot(kd_engine *e);
 /* Frees a reserved, unclaimed slot (expired lease, abort, failed transfer). */
 int kd_engine_release_slot(kd_engine *e, int32_t slot);
