@@ -1745,7 +1745,8 @@ static void lt_case(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int pad, floa
 static void backend_select_checks() {
     const char *was = getenv("KDECODE_CUDA_LT_TABLE");
     std::string saved = was ? was : "";
-    /* mkstemp's templates in $TMPDIR (else /tmp): the XXXXXX is what it replaces */
+    /* Two files made by mkstemp(3) in $TMPDIR (else /tmp). Its template must end in exactly six
+     * 'X' characters, which it overwrites in place with a unique suffix; the code is complete. */
     const char *td = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     std::string tb_path = std::string(td) + "/kd_lt_table_XXXXXX", tg_path = tb_path;
     char *bad = &tb_path[0], *good = &tg_path[0];
