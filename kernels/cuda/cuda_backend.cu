@@ -222,6 +222,7 @@ struct cu_backend {
     int pair;        // f_proj.1 and g_proj.1 in one launch where the skinny kernel takes both (kd_cuda_set_pair)
     int64_t pair_batched; // their strided batched cuBLAS launches made (kd_cuda_pair_batched)
     int swiglu;      // gate|up and SwiGLU in one launch where the skinny kernel takes gate|up (kd_cuda_set_swiglu)
+    int gnorm_early; // the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early)
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
     int conv_prep;   // the conv + prepare kernel: 0 by rows (conv_prep_rows), 1 at every row count
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
@@ -1127,9 +1128,14 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
             cb->side_open = 0; /* all its work so far */
         }
+        /* the gate, its bias and the norm's weights loaded before the norm's programmatic wait where a
+         * prepare and a KDA kernel ran since g_proj.1 wrote the gate (launch.cuh; on the second stream
+         * g_proj.1 is joined in full) */
+        const bool gate_early = cb->gnorm_early && (side || (((nv && !(sk & KD_CUDA_SKIP_VERIFY)) || np) &&
+                                                             (conv_prep || !(sk & KD_CUDA_SKIP_PREPARE))));
         if (!(sk & KD_CUDA_SKIP_GATED_NORM))
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
-                                    c->norm_eps, s, Ly->w_gu, pf_gn, cb->pf_blocks));
+                                    c->norm_eps, s, Ly->w_gu, pf_gn, cb->pf_blocks, gate_early));
         if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
             return -1;
         // MLP block
@@ -1391,6 +1397,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->skinny = 1;
     cb->pair = 1;
     cb->swiglu = 1;
+    cb->gnorm_early = 1;
     cb->fuse = KD_CUDA_FUSE_DEFAULT;
     cb->side_rows = kSideRows;
     const char *what = NULL;
@@ -1502,6 +1509,9 @@ extern "C" int kd_cuda_set_pdl(kd_backend *b, int on) {
 extern "C" int kd_cuda_set_pair(kd_backend *b, int on) { return set_switch(b, &cu_backend::pair, on); }
 
 extern "C" int kd_cuda_set_swiglu(kd_backend *b, int on) { return set_switch(b, &cu_backend::swiglu, on); }
+extern "C" int kd_cuda_set_gnorm_early(kd_backend *b, int on) {
+    return set_switch(b, &cu_backend::gnorm_early, on);
+}
 
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) { return set_switch(b, &cu_backend::skinny, on); }
 

@@ -869,7 +869,10 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // and SwiGLU in one launch (kd_cuda_set_swiglu) on the first, SwiGLU in its own kernel on the second.
 // Variant 14: the one-pass KDA verify at every batch size (kd_kda_split(3)) on both, its checkpoint
 // stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
-// the first, plain on the second.
+// the first, plain on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
+// the first it lets the gated RMSNorm be scheduled after its wait (kd_kda_onepass_trigger, a
+// process-wide switch set before each backend's forward) and the norm loads its gate before its own
+// (kd_cuda_set_gnorm_early), on the second neither.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -897,6 +900,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              kd_cuda_set_conv_prep(be[i], variant == 9 || variant == 10) == 0 &&
              (variant != 11 || kd_cuda_set_side_rows(be[i], i == 0 ? 1 : 0) == 0) &&
              (variant != 13 || kd_cuda_set_swiglu(be[i], i == 0) == 0) &&
+             (variant != 15 || kd_cuda_set_gnorm_early(be[i], i == 0) == 0) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
@@ -911,6 +915,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 11 ? "f/g on a second stream"
                                             : variant == 13 ? "gate|up + SwiGLU launch"
                                             : variant == 14 ? "one-pass verify, store hint"
+                                            : variant == 15 ? "one-pass verify, early norm"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
@@ -924,6 +929,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
              : variant == 13 ? "bf16, gate|up and SwiGLU in one launch / two"
              : variant == 14 ? "bf16, the one-pass verify's checkpoint stores evict-first / plain"
+             : variant == 15 ? "bf16, the gated RMSNorm scheduled during the one-pass verify and its gate loaded "
+                               "early / neither"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -937,6 +944,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     int64_t reads = 0, writes = 0, trip_fail = 0;
     auto hint = [&](int i) {
         if (variant == 14) kd_kda_store_hint(i == 0);
+        if (variant == 15) kd_kda_onepass_trigger(i == 0);
         if (variant == 1 && i == 1)
             for (int32_t slot = 0; slot < NS; slot++) {
                 trip_fail += kd_backend_checkpoint_read(be[1], slot, st.data(), sb, &err) != 0, reads++;
@@ -946,6 +954,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     };
     int hint0 = 1; /* the process's setting, restored below */
     if (variant == 14) hint0 = kd_kda_store_hint(1), kd_kda_split(3);
+    if (variant == 15) hint0 = kd_kda_onepass_trigger(1), kd_kda_split(3);
     Rng r(seed + 5);
     // prompts into every slot (eager on both)
     {
@@ -1037,6 +1046,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         }
     }
     if (variant == 14) kd_kda_store_hint(hint0), kd_kda_split(1);
+    if (variant == 15) kd_kda_onepass_trigger(hint0), kd_kda_split(1);
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);
     kd_cuda_graph_stats(be[1], &cap1, &rep1);
@@ -1953,6 +1963,7 @@ int main(int argc, char **argv) {
         for (int v = 9; v <= 10; v++) graph_case(specs[0], seed + 25 + v, 4, v);
         graph_case(specs[1], seed + 35, 4, 9);
         graph_case(specs[1], seed + 44, 4, 14);
+        graph_case(specs[1], seed + 46, 4, 15);
         printf("%s (%d checks, the conv + prepare cases and the store hint alone)\n",
                g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED", g_checks);
         return g_failed ? 1 : 0;
@@ -1994,6 +2005,8 @@ int main(int argc, char **argv) {
     if (!quick) graph_case(specs[1], seed + 38, 30, 11);
     graph_case(specs[8], seed + 40, quick ? 8 : 30, 13);
     graph_case(specs[1], seed + 44, quick ? 8 : 30, 14);
+    graph_case(specs[0], seed + 45, quick ? 8 : 30, 15);
+    graph_case(specs[1], seed + 46, quick ? 8 : 30, 15);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

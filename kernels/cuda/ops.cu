@@ -383,31 +383,45 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
 // only prefetch [pf, pf + pf_bytes) into the L2, 16 KiB a bulk prefetch, chunk c from block
 // nb + c % pf_blocks: they neither wait nor read anything the step writes (the weights are never
 // written), so they start with the kernel before (its programmatic dependent) and the grid ends
-// once the others have and the prefetches have landed.
+// once the others have and the prefetches have landed. With gate_early (and V <= 256) the gate,
+// bias and weights are loaded before the programmatic wait: the gate must then have been written
+// two or more kernels back (launch.cuh; the backend's comes from g_proj.1, before the KDA kernels).
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
                                      int64_t NH, int HV, int V, double eps, unsigned nb, const char *pf,
-                                     int64_t pf_bytes) {
+                                     int64_t pf_bytes, int gate_early) {
     if (blockIdx.x >= nb) {
         prefetch_share(pf, pf_bytes, blockIdx.x - nb, gridDim.x - nb);
         return;
     }
-    kd_dep_start();
     const int64_t th = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (th >= NH) return;
+    constexpr int U = 8;
+    const bool live = th < NH, pre = gate_early && V <= 32 * U;
     const int h = (int)(th % HV);
     const float *ot = o + th * V, *gt = gate + th * V, *bt = bias + (int64_t)h * V;
+    float g[U], b[U], ww[U]; /* with pre: the whole row's, before the wait */
+    if (pre && live)
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = lane + 32 * u;
+            if (i < V) g[u] = __ldg(gt + i), b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
+        }
+    kd_dep_start();
+    if (!live) return;
     // loads first (up to U per lane in flight), as in rmsnorm_kernel
-    constexpr int U = 8;
     double ss = 0;
     for (int i0 = lane; i0 < V; i0 += 32 * U) {
-        float v[U], g[U], b[U], ww[U];
+        float v[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + 32 * u;
-            if (i < V) v[u] = __ldg(ot + i), g[u] = __ldg(gt + i), b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
-            else v[u] = 0.f;
+            if (i < V) {
+                v[u] = __ldg(ot + i);
+                if (!pre) g[u] = __ldg(gt + i), b[u] = __ldg(bt + i), ww[u] = __ldg(w + i);
+            } else {
+                v[u] = 0.f;
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) ss += (double)v[u] * v[u];
@@ -606,7 +620,7 @@ cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int
 
 cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const float *gate, const float *bias,
                                 const float *w, int64_t N, int HV, int V, double eps, cudaStream_t s,
-                                const void *pf, int64_t pf_bytes, int pf_blocks) {
+                                const void *pf, int64_t pf_bytes, int pf_blocks, int gate_early) {
     const int64_t NH = N * HV;
     if (NH <= 0) return cudaSuccess;
     const int64_t blocks = (NH + 3) / 4, pb = prefetch_blocks(pf, pf_bytes, pf_blocks);
@@ -614,9 +628,9 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
     const dim3 grid((unsigned)(blocks + pb));
     if (out_bf16)
         return kd_launch_dep(gated_rmsnorm_kernel<__nv_bfloat16>, grid, dim3(128), 0, s, (__nv_bfloat16 *)y, o, gate,
-                             bias, w, NH, HV, V, eps, (unsigned)blocks, (const char *)pf, pf_bytes);
+                             bias, w, NH, HV, V, eps, (unsigned)blocks, (const char *)pf, pf_bytes, gate_early);
     return kd_launch_dep(gated_rmsnorm_kernel<float>, grid, dim3(128), 0, s, (float *)y, o, gate, bias, w, NH, HV, V,
-                         eps, (unsigned)blocks, (const char *)pf, pf_bytes);
+                         eps, (unsigned)blocks, (const char *)pf, pf_bytes, gate_early);
 }
 
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {

@@ -148,11 +148,12 @@ cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int
 // bias [HV][V], w [V]. y: [N][HV][V], float or bf16 per out_bf16. pf_bytes > 0: pf_blocks more
 // blocks prefetch [pf, pf + pf_bytes) (memory nothing writes during the step; 16-byte aligned, a
 // multiple of 16 bytes) into the L2 with bulk prefetches, from the start of the kernel before
-// (a hint; the kernel's grid ends when they have landed).
+// (a hint; the kernel's grid ends when they have landed). gate_early: gate, bias and w are loaded
+// before the kernel's programmatic wait (gate written two or more kernels back: launch.cuh).
 cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const float *gate,
                                 const float *bias, const float *w, int64_t N, int HV, int V,
                                 double eps, cudaStream_t s, const void *pf = nullptr, int64_t pf_bytes = 0,
-                                int pf_blocks = 0);
+                                int pf_blocks = 0, int gate_early = 0);
 
 // y[t][i] = silu(gu[t][2i]) * gu[t][2i + 1]; gu [N][2 FF] with gate and up interleaved (the
 // backend's gate|up weights are, so that one warp of the skinny row form holds both: gemv.cuh

@@ -18,6 +18,9 @@
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
+//   KD_BENCH_GNORM=1 cuda_bench ...: only steps of 1-128 requests, the one-pass verify letting the kernel after it
+//   be scheduled after its wait and the gated RMSNorm loading its gate before its own (the defaults) or neither
+//   (kd_kda_onepass_trigger, kd_cuda_set_gnorm_early), alternated over 5 rounds (printed only).
 //   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
 //   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
@@ -369,6 +372,17 @@ int main(int argc, char **argv) {
         const int pts[][2] = {{4, 2}, {8, 2}, {16, 2}, {32, 2}, {64, 2}, {128, 2}, {32, 0}, {128, 0}, {32, 3}};
         ab_rounds(be, VOC, "lt", pts, sizeof pts / sizeof pts[0], "the heuristic's first", "the table", "first",
                   [](kd_backend *x, int m) { kd_cuda_set_lt(x, m ? 2 : 1); });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_GNORM")) { /* the one-pass verify's early trigger and the gated norm's early gate */
+        const int pts[][2] = {{1, 0}, {1, 3}, {4, 0}, {8, 3}, {32, 0}, {32, 3}, {128, 0}, {128, 3}};
+        ab_rounds(be, VOC, "gnorm", pts, sizeof pts / sizeof pts[0], "neither", "both", "neither",
+                  [](kd_backend *x, int m) {
+                      kd_kda_onepass_trigger(m);
+                      kd_cuda_set_gnorm_early(x, m);
+                  });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

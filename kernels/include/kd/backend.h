@@ -248,6 +248,10 @@ int64_t kd_cuda_pair_batched(kd_backend *b);
  * segment-diagonal form takes gate|up (on by default), or SwiGLU in its own kernel after it
  * (off; the same bits); drops the captured graphs. Benchmarks. */
 int kd_cuda_set_swiglu(kd_backend *b, int on);
+/* The gated RMSNorm loads its gate, bias and weights before its programmatic wait where two kernels
+ * ran since g_proj.1 wrote the gate (on by default), or after it (off; the same bits); drops the
+ * captured graphs. Benchmarks and tests. */
+int kd_cuda_set_gnorm_early(kd_backend *b, int on);
 /* The backend's own skinny GEMM kernel for the products of few activation rows where it
  * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
  * the captured graphs. Benchmarks. */
