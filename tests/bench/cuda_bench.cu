@@ -21,6 +21,8 @@
 //   KD_BENCH_GNORM=1 cuda_bench ...: only steps of 1-128 requests, the one-pass verify letting the kernel after it
 //   be scheduled after its wait and the gated RMSNorm loading its gate before its own (the defaults) or neither
 //   (kd_kda_onepass_trigger, kd_cuda_set_gnorm_early), alternated over 5 rounds (printed only).
+//   KD_BENCH_PFROWS=1 cuda_bench ...: only steps of 4-128 requests, the L2 prefetch's mode 4 in steps of at most 2
+//   requests (the default) or in every step (kd_cuda_set_prefetch), alternated over 5 rounds (printed only).
 //   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
 //   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
@@ -383,6 +385,15 @@ int main(int argc, char **argv) {
                       kd_kda_onepass_trigger(m);
                       kd_cuda_set_gnorm_early(x, m);
                   });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_PFROWS")) { /* mode 4's prefetch in steps of at most 2 requests (the default) or of any */
+        const int pts[][2] = {{4, 0}, {8, 0}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {128, 3}};
+        ab_rounds(be, VOC, "pfrows", pts, sizeof pts / sizeof pts[0], "at most 2 requests", "any", "2",
+                  [](kd_backend *x, int m) { kd_cuda_set_prefetch(x, -1, m ? 1 << 20 : 2, 4); });
+        kd_cuda_set_prefetch(be, -1, 2, 4);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
