@@ -52,7 +52,7 @@
 // (kd_cu_gemm_skinny_pair; kd_cuda_set_pair(0): a launch each) up to 32 rows, then (bf16, K = V)
 // as one strided batched cuBLAS launch of the two (their weights in one allocation, the raw and
 // output gates in another, so one stride steps from each operand to the other).
-// In forwards of at most 2 requests, 16 more blocks of each layer's gated RMSNorm launch
+// In forwards of at most 4 requests, 16 more blocks of each layer's gated RMSNorm launch
 // prefetch gate|up's first rows into the L2 (20 % of it, 12.5 MB on an H200; bulk prefetches,
 // kd_cuda_set_prefetch mode 4): the gated norm is the KDA verify's programmatic dependent, so
 // these blocks, which neither wait nor read what the step writes, start with the verify and
@@ -63,7 +63,11 @@
 // 10 % of the L2 of gate|up's rows (kd_cuda_set_prefetch_mlp): 1.656 -> 1.648, 1.995 -> 1.988, 1.951 ->
 // 1.936 ms (20 % or more: slower; logs/gnpf_mlp_h200.log); in forwards of at most 2 rows only, since
 // the segment-diagonal forms: B = 1 s = 3 (4 rows) 1.812 ms with it, 1.779 without; B = 1 s = 0
-// 1.622 / 1.636, B = 2 s = 0 1.731 / 1.729 (logs/gnpf_h200_4f478b1.log).
+// 1.622 / 1.636, B = 2 s = 0 1.731 / 1.729 (logs/gnpf_h200_4f478b1.log). At most 2 requests until the
+// one-pass verify let the gated norm be scheduled during its last blocks (85b7682); since, 4 (alternated
+// rounds against 2, logs/pfrows4_h200_85b7682.log: B = 3 s = 0 1.906 -> 1.842 ms, B = 4 s = 0 1.931 -> 1.887,
+// B = 3 s = 3 and B = 4 s = 3 0.2-0.5 % faster, B = 3-4 s = 1 within 0.2 %; in every step it was 1.5-4.7 %
+// slower from B = 32, logs/pfrows_h200_85b7682.log).
 // Everything runs on one stream by default. Two uses of a second stream are kept as options
 // (benchmarks, tests), off by default because of what they do to the rest of the process: once
 // a forward has run work on a second stream beside the step's kernels, every later step of 3-32
@@ -1017,11 +1021,14 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     /* few rows: their states' traffic leaves the prefetched weights in the L2 until read */
     const bool prefetch = cb->pf_bytes > 0 && nv + np <= cb->pf_rows;
     /* mode 4's shares of each layer's gate|up rows: the gated RMSNorm's blocks [0, pf_gn), the MLP
-     * RMSNorm's [pf_gn, pf_gn + pf_mlp) */
-    const int64_t gu_bytes = 2 * FF * D * (int64_t)cb->wsz;
-    const bool pf4 = prefetch && cb->pf_mode == 4;
-    const int64_t pf_gn = pf4 ? (gu_bytes < cb->pf_bytes ? gu_bytes : cb->pf_bytes) & ~(int64_t)15 : 0;
-    const int64_t mlp_room = gu_bytes - pf_gn < cb->pf_mlp_bytes ? gu_bytes - pf_gn : cb->pf_mlp_bytes;
+     * RMSNorm's [pf_gn, pf_gn + pf_mlp); with o_proj first (pf_gu_first 0) the gated RMSNorm's blocks
+     * take o_proj's weights [0, pf_gn) instead and the MLP RMSNorm's gate|up's [0, pf_mlp) */
+    const int64_t gu_bytes = 2 * FF * D * (int64_t)cb->wsz, o_bytes = D * VD * (int64_t)cb->wsz;
+    const bool pf4 = prefetch && cb->pf_mode == 4, pf4o = pf4 && !cb->pf_gu_first;
+    const int64_t gn_room = pf4o ? o_bytes : gu_bytes;
+    const int64_t pf_gn = pf4 ? (gn_room < cb->pf_bytes ? gn_room : cb->pf_bytes) & ~(int64_t)15 : 0;
+    const int64_t gu_done = pf4o ? 0 : pf_gn;
+    const int64_t mlp_room = gu_bytes - gu_done < cb->pf_mlp_bytes ? gu_bytes - gu_done : cb->pf_mlp_bytes;
     const int64_t pf_mlp = pf4 && N <= kPfMlpMaxRows ? mlp_room & ~(int64_t)15 : 0;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cu_layer *Ly = &cb->layers[l];
@@ -1135,13 +1142,13 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
                                                              (conv_prep || !(sk & KD_CUDA_SKIP_PREPARE))));
         if (!(sk & KD_CUDA_SKIP_GATED_NORM))
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
-                                    c->norm_eps, s, Ly->w_gu, pf_gn, cb->pf_blocks, gate_early));
+                                    c->norm_eps, s, pf4o ? Ly->w_o : Ly->w_gu, pf_gn, cb->pf_blocks, gate_early));
         if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
             return -1;
         // MLP block
         if (!(sk & KD_CUDA_SKIP_NORMS))
             KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s,
-                              (const char *)Ly->w_gu + pf_gn, pf_mlp, cb->pf_blocks));
+                              (const char *)Ly->w_gu + gu_done, pf_mlp, cb->pf_blocks));
         if (sk & KD_CUDA_SKIP_MLP) {
             /* benchmarks: left out (kd_cuda_set_skip) */
         } else if (const int gf = skinny_form(cb, N, 2 * FF, D);
@@ -1416,7 +1423,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     if (!what && (e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->dev)) != cudaSuccess)
         what = "cudaDeviceGetAttribute (L2 size)";
     cb->l2_bytes = l2;
-    cb->pf_rows = 2, cb->pf_mode = 4, cb->pf_gu_first = 1, cb->pf_blocks = 16; /* above */
+    cb->pf_rows = 4, cb->pf_mode = 4, cb->pf_gu_first = 1, cb->pf_blocks = 16; /* above */
     cb->pf_bytes = default_prefetch_bytes(cb, cb->pf_mode);
     cb->pf_mlp_bytes = (cb->l2_bytes / 10) & ~(int64_t)15; /* above */
     if (!what && ((e = cudaMalloc(&cb->blas_ws, kBlasWorkspace)) != cudaSuccess ||

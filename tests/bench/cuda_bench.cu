@@ -22,7 +22,12 @@
 //   be scheduled after its wait and the gated RMSNorm loading its gate before its own (the defaults) or neither
 //   (kd_kda_onepass_trigger, kd_cuda_set_gnorm_early), alternated over 5 rounds (printed only).
 //   KD_BENCH_PFROWS=1 cuda_bench ...: only steps of 4-128 requests, the L2 prefetch's mode 4 in steps of at most 2
-//   requests (the default) or in every step (kd_cuda_set_prefetch), alternated over 5 rounds (printed only).
+//   requests (the default until it became 4) or in every step (kd_cuda_set_prefetch), alternated over 5 rounds
+//   (printed only).
+//   KD_PFROWS_N=n with it: n requests instead of any, at steps of 2-5 requests.
+//   KD_BENCH_PFO=1 cuda_bench ...: only steps of 8-128 requests, mode 4 in every step with o_proj's weights from the
+//   gated RMSNorm's blocks (kd_cuda_set_prefetch_order 0; KD_PFO_BYTES a layer, default 20 % of the L2) against
+//   the default, alternated over 5 rounds (printed only).
 //   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
 //   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
@@ -389,11 +394,30 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
-    if (getenv("KD_BENCH_PFROWS")) { /* mode 4's prefetch in steps of at most 2 requests (the default) or of any */
-        const int pts[][2] = {{4, 0}, {8, 0}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {128, 3}};
-        ab_rounds(be, VOC, "pfrows", pts, sizeof pts / sizeof pts[0], "at most 2 requests", "any", "2",
-                  [](kd_backend *x, int m) { kd_cuda_set_prefetch(x, -1, m ? 1 << 20 : 2, 4); });
-        kd_cuda_set_prefetch(be, -1, 2, 4);
+    if (getenv("KD_BENCH_PFROWS")) { /* mode 4 in steps of at most 2 requests (the default until 4) or more */
+        static int rows_on = 1 << 20;
+        if (const char *v = getenv("KD_PFROWS_N")) rows_on = atoi(v);
+        const int pts_any[][2] = {{4, 0}, {8, 0}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {128, 3}};
+        const int pts_few[][2] = {{2, 1}, {2, 3}, {3, 0}, {3, 1}, {3, 3}, {4, 0}, {4, 1}, {4, 3}, {5, 0}};
+        const bool few = rows_on < 5;
+        char on[32];
+        snprintf(on, sizeof on, "at most %d requests", rows_on);
+        ab_rounds(be, VOC, "pfrows", few ? pts_few : pts_any, few ? 9 : 8, "at most 2 requests",
+                  rows_on < (1 << 20) ? on : "any", "2",
+                  [](kd_backend *x, int m) { kd_cuda_set_prefetch(x, -1, m ? rows_on : 2, 4); });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_PFO")) { /* mode 4 in every step, o_proj's weights from the gated norm's blocks, or none */
+        static int64_t bytes = -1;
+        if (const char *v = getenv("KD_PFO_BYTES")) bytes = atoll(v);
+        const int pts[][2] = {{8, 0}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {128, 3}};
+        ab_rounds(be, VOC, "pfo", pts, sizeof pts / sizeof pts[0], "the default (none past 4 requests)",
+                  "o_proj's weights", "default", [](kd_backend *x, int m) {
+                      kd_cuda_set_prefetch(x, m ? bytes : -1, m ? 1 << 20 : 4, 4);
+                      kd_cuda_set_prefetch_order(x, !m);
+                  });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -317,7 +317,7 @@ enum {
     KD_CUDA_SKIP_HEAD = 1024      /* the head's product (sampling still runs) */
 };
 int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
-/* The L2 prefetch of weights (by default mode 4, 20 % of the L2, at most 2 rows): in forwards
+/* The L2 prefetch of weights (by default mode 4, 20 % of the L2, at most 4 requests): in forwards
  * of at most max_rows rows (more rows' state traffic would evict the weights before they are
  * read), each layer's
  * gate|up first rows and o_proj's weights (kd_cuda_set_prefetch_order), at most `bytes` a
@@ -330,7 +330,8 @@ int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
  * backend that is not CUDA. */
 int kd_cuda_set_prefetch(kd_backend *b, int64_t bytes, int max_rows, int mode);
 /* The prefetch's order: gate|up's first rows first (1, the default), or o_proj's weights
- * first (0); drops the captured graphs. Benchmarks and tests. */
+ * first (0; in mode 4 the gated RMSNorm's blocks then take o_proj's weights and the MLP RMSNorm's
+ * gate|up's first rows); drops the captured graphs. Benchmarks and tests. */
 int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first);
 /* Mode 4 of kd_cuda_set_prefetch (the default): gate|up's first rows (at most `bytes` a layer)
  * prefetched by `blocks` (1-1024; default 16) more blocks of the gated RMSNorm's launch, which
