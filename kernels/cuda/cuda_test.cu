@@ -870,9 +870,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // Variant 14: the one-pass KDA verify at every batch size (kd_kda_split(3)) on both, its checkpoint
 // stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
 // the first, plain on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
-// the first it lets the gated RMSNorm be scheduled after its wait (kd_kda_onepass_trigger, a
-// process-wide switch set before each backend's forward) and the norm loads its gate before its own
-// (kd_cuda_set_gnorm_early), on the second neither.
+// the first the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early),
+// on the second after it.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -929,8 +928,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
              : variant == 13 ? "bf16, gate|up and SwiGLU in one launch / two"
              : variant == 14 ? "bf16, the one-pass verify's checkpoint stores evict-first / plain"
-             : variant == 15 ? "bf16, the gated RMSNorm scheduled during the one-pass verify and its gate loaded "
-                               "early / neither"
+             : variant == 15 ? "bf16, the gated RMSNorm's gate loaded before its programmatic wait / after"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
         kd_backend_free(be[0]), kd_backend_free(be[1]);
@@ -944,7 +942,6 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     int64_t reads = 0, writes = 0, trip_fail = 0;
     auto hint = [&](int i) {
         if (variant == 14) kd_kda_store_hint(i == 0);
-        if (variant == 15) kd_kda_onepass_trigger(i == 0);
         if (variant == 1 && i == 1)
             for (int32_t slot = 0; slot < NS; slot++) {
                 trip_fail += kd_backend_checkpoint_read(be[1], slot, st.data(), sb, &err) != 0, reads++;
@@ -954,7 +951,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     };
     int hint0 = 1; /* the process's setting, restored below */
     if (variant == 14) hint0 = kd_kda_store_hint(1), kd_kda_split(3);
-    if (variant == 15) hint0 = kd_kda_onepass_trigger(1), kd_kda_split(3);
+    if (variant == 15) kd_kda_split(3);
     Rng r(seed + 5);
     // prompts into every slot (eager on both)
     {
@@ -1046,7 +1043,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         }
     }
     if (variant == 14) kd_kda_store_hint(hint0), kd_kda_split(1);
-    if (variant == 15) kd_kda_onepass_trigger(hint0), kd_kda_split(1);
+    if (variant == 15) kd_kda_split(1);
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);
     kd_cuda_graph_stats(be[1], &cap1, &rep1);

@@ -144,11 +144,6 @@ void kd_kda_onepass_pdl(int on);
 // The one-pass verify writes the folded checkpoint with evict-first stores (1, st.global.cs: the
 // default, see kda.cu) or plain ones (0; benchmarks and tests). Returns the setting it replaces.
 int kd_kda_store_hint(int on);
-// The one-pass verify lets the kernel after it be scheduled once each of its blocks has passed its
-// programmatic wait (1, the default: the backend's gated RMSNorm then sets up during the verify's
-// last blocks and loads its gate early) or only as it ends (0; benchmarks and tests). Returns the
-// setting it replaces.
-int kd_kda_onepass_trigger(int on);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

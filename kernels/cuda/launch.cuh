@@ -12,8 +12,8 @@
 // verifies, the conv kernels (conv.cuh, ops.cu's conv + prepare, where the backend says so:
 // kd_cu_conv_args.early) and the gated RMSNorm its gate (gate_early), which rely on the last point
 // (what they load early was written two or more kernels back, so it is complete once their
-// predecessor has started). The one-pass verify lets its successor be scheduled only after its
-// own wait (kd_kda_onepass_trigger), which keeps that point.
+// predecessor has started). The KDA verifies let their successor be scheduled only after their
+// own wait, which keeps that point.
 // Some blocks never wait: the norms' prefetching blocks (ops.cu prefetch_share) read nothing
 // the step writes and write nothing, so they trigger at once and exit. The chain still holds:
 // the kernel after waits for the whole grid, whose other blocks waited for the kernel before;
