@@ -141,6 +141,15 @@ constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
 constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
 constexpr int kSideRows = 0; // f_proj.1 / g_proj.1 on the second stream from these rows (0: never; above)
+// o_proj and the down projection in K slices (kd_cuda_set_ksplit): at most kKsplitRows rows (the partial sums'
+// buffer); by default kKsplitNb slices in forwards of kKsplitLo..kKsplitHi rows. Measured on an H200 (48B
+// preset, alternated rounds, tests/bench/results/logs/ksplit_h200.log): alone at 128 rows o_proj 9.14 -> 7.63
+// us, the down projection 16.90 -> 14.59 in 2 slices (results/gemm_lt_search_h200_ksplit.md); in the step
+// 2 slices 0.2-1.6 % faster at 16-128 rows (B = 128 s = 0 5.709 -> 5.692 ms), 1.2 % slower at 256; 4 slices
+// 0.3-2.3 % slower at every row count.
+constexpr int64_t kKsplitRows = 512;
+constexpr int kKsplitNb = 2;
+constexpr int64_t kKsplitLo = 16, kKsplitHi = 128;
 
 struct cu_layer {
     float *attn_norm, *conv, *A_log, *dt_bias, *g1_bias, *o_norm, *mlp_norm;
@@ -227,6 +236,13 @@ struct cu_backend {
     int64_t pair_batched; // their strided batched cuBLAS launches made (kd_cuda_pair_batched)
     int swiglu;      // gate|up and SwiGLU in one launch where the skinny kernel takes gate|up (kd_cuda_set_swiglu)
     int gnorm_early; // the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early)
+    // o_proj and the down projection in ks_nb K slices (kd_cuda_set_ksplit; 1: whole) in forwards of
+    // ks_lo..ks_hi rows; their partial sums in kpart ([KD_KSPLIT_MAX][kpart_rows][D]), added into the
+    // residual stream by the RMSNorm after them
+    int ks_nb;
+    int64_t ks_lo, ks_hi, kpart_rows;
+    int64_t ks_launches; // products run in K slices (kd_cuda_ksplit_launches; captured launches counted once)
+    float *kpart;
     int fuse; // which neighbouring kernels run as one (KD_CUDA_FUSE_*; kd_cuda_set_fuse)
     int conv_prep;   // the conv + prepare kernel: 0 by rows (conv_prep_rows), 1 at every row count
     unsigned skip;   // benchmarks: kernels left out of the step (KD_CUDA_SKIP_*; kd_cuda_set_skip)
@@ -573,9 +589,12 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc(cb, &cb->sel, N * cb->D, as, "final norm rows", err) ||
         dalloc_t(cb, &cb->lg, cb->lg_rows * cb->vocab, 4, "logits", err) ||
         dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err) ||
+        dalloc_t(cb, &cb->kpart, cb->bf16 ? KD_KSPLIT_MAX * (N < kKsplitRows ? N : kKsplitRows) * cb->D : 1, 4,
+                 "K slices' partial sums", err) ||
         dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)Tw),
                  4, "KDA verify work space", err))
         return -1;
+    cb->kpart_rows = cb->bf16 ? (N < kKsplitRows ? N : kKsplitRows) : 0;
     cb->win = cb->S + ssm; // each layer's window right after its S
     (void)conv;
     meta_layout *ml = &cb->ml;
@@ -763,6 +782,12 @@ int skinny_form(const cu_backend *cb, int64_t M, int64_t N, int64_t K) {
     return kd_cu_skinny_pick(M, N, K);
 }
 
+// Whether gemm() runs the product in the skinny kernel.
+bool skinny_takes(const cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                  int64_t ldb) {
+    return skinny_form(cb, M, N, K) && kd_cu_skinny_ok(M, N, K, A, lda, B, ldb, KD_SKINNY_MAX_M);
+}
+
 // C[M][N] = A[M][K] B[N][K]^T + beta C (row-major, leading dimensions given; A in the
 // activation type, B in the weight type, C fp32).
 // ep: the copy epilogue (kd_cu_gemm_skinny_epi) where copy_epi said the product takes it.
@@ -808,6 +833,23 @@ int gemm(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t
         return kd_fail(err, "cuda backend: %s (GEMM %s, M %lld N %lld K %lld): %s", call, what, (long long)M,
                        (long long)N, (long long)K, cublasGetStatusString(s));
     return 0;
+}
+
+// The product of gemm() with beta 0 into cb->kpart, in cb->ks_nb K slices (kd_cu_lt_gemm_split: [nb][M][N])
+// where cuBLASLt takes them, else whole (one block): how many blocks it wrote, -1 on failure. bf16.
+int gemm_slices(cu_backend *cb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                int64_t ldb, const char *what, kd_err *err) {
+    const int nb = cb->ks_nb;
+    if (nb > 1 && K % nb == 0 && K / nb % 8 == 0) {
+        const cublasStatus_t s =
+            kd_cu_lt_gemm_split(cb->lt, M, N, K, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb, nb,
+                                cb->kpart, cb->blas_ws, kBlasWorkspace, cb->stream);
+        if (s == CUBLAS_STATUS_SUCCESS) return cb->ks_launches++, nb;
+        if (s != CUBLAS_STATUS_NOT_SUPPORTED)
+            return kd_fail(err, "cuda backend: cublasLtMatmul (GEMM %s in %d K slices, M %lld N %lld K %lld): %s", what,
+                           nb, (long long)M, (long long)N, (long long)K, cublasGetStatusString(s));
+    }
+    return gemm(cb, M, N, K, A, lda, B, ldb, 0.f, cb->kpart, N, what, err) ? -1 : 1;
 }
 
 // Two products of the same M and K with beta 0 (f_proj.1 and g_proj.1): one launch where the
@@ -1030,11 +1072,19 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
     const int64_t gu_done = pf4o ? 0 : pf_gn;
     const int64_t mlp_room = gu_bytes - gu_done < cb->pf_mlp_bytes ? gu_bytes - gu_done : cb->pf_mlp_bytes;
     const int64_t pf_mlp = pf4 && N <= kPfMlpMaxRows ? mlp_room & ~(int64_t)15 : 0;
+    /* o_proj and the down projection in K slices (kd_cuda_set_ksplit): the next RMSNorm adds their partial
+     * sums into the residual stream */
+    const bool ks = bf && cb->lt && cb->lt_mode > 0 && cb->ks_nb > 1 && N >= cb->ks_lo && N <= cb->ks_hi &&
+                    N <= cb->kpart_rows && D <= KD_NORM_ADD_MAX_D && !(sk & KD_CUDA_SKIP_NORMS);
+    int parts = 0; /* blocks of cb->kpart that the next RMSNorm adds into cb->x */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cu_layer *Ly = &cb->layers[l];
         float *hist = cb->hist + (size_t)l * cb->lhist;
         // attention block
-        if (!(sk & KD_CUDA_SKIP_NORMS)) KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
+        if (parts) KDA(kd_cu_rmsnorm_add(bf, cb->h, cb->x, cb->kpart, parts, N, D, Ly->attn_norm, c->norm_eps, s));
+        else if (!(sk & KD_CUDA_SKIP_NORMS))
+            KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->attn_norm, c->norm_eps, s));
+        parts = 0;
         /* at few rows the gates' bf16 copy in the input projection's epilogue */
         const bool copy_fused = bf && !(sk & KD_CUDA_SKIP_IN_PROJ) && copy_epi(cb, N, P, D, cb->h, D, Ly->w_in, D);
         kd_skinny_epi cep = {};
@@ -1143,12 +1193,21 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         if (!(sk & KD_CUDA_SKIP_GATED_NORM))
             KDA(kd_cu_gated_rmsnorm(bf, cb->ob, cb->o, cb->gate, Ly->g1_bias, Ly->o_norm, N, (int)HV, (int)V,
                                     c->norm_eps, s, pf4o ? Ly->w_o : Ly->w_gu, pf_gn, cb->pf_blocks, gate_early));
-        if (!(sk & KD_CUDA_SKIP_O_PROJ) && gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err))
+        if (sk & KD_CUDA_SKIP_O_PROJ) {
+            /* benchmarks: left out */
+        } else if (ks && !skinny_takes(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD)) {
+            if ((parts = gemm_slices(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, "o_proj", err)) < 0) return -1;
+        } else if (gemm(cb, N, D, VD, cb->ob, VD, Ly->w_o, VD, 1.f, cb->x, D, "o_proj", err)) {
             return -1;
+        }
         // MLP block
-        if (!(sk & KD_CUDA_SKIP_NORMS))
+        if (parts)
+            KDA(kd_cu_rmsnorm_add(bf, cb->h, cb->x, cb->kpart, parts, N, D, Ly->mlp_norm, c->norm_eps, s,
+                                  (const char *)Ly->w_gu + gu_done, pf_mlp, cb->pf_blocks));
+        else if (!(sk & KD_CUDA_SKIP_NORMS))
             KDA(kd_cu_rmsnorm(bf, cb->h, cb->x, NULL, N, D, Ly->mlp_norm, c->norm_eps, s,
                               (const char *)Ly->w_gu + gu_done, pf_mlp, cb->pf_blocks));
+        parts = 0;
         if (sk & KD_CUDA_SKIP_MLP) {
             /* benchmarks: left out (kd_cuda_set_skip) */
         } else if (const int gf = skinny_form(cb, N, 2 * FF, D);
@@ -1160,9 +1219,15 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             if (gemm(cb, N, 2 * FF, D, cb->h, D, Ly->w_gu, D, 0.f, cb->gu, 2 * FF, "gate|up", err)) return -1;
             KDA(kd_cu_swiglu(bf, cb->act, cb->gu, N, FF, s));
         }
-        if (!(sk & KD_CUDA_SKIP_MLP) &&
-            gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err))
+        if (sk & KD_CUDA_SKIP_MLP) {
+            /* benchmarks: left out */
+        } else if (ks && l + 1 < c->n_layers && !skinny_takes(cb, N, D, FF, cb->act, FF, Ly->w_down, FF)) {
+            /* the next layer's input norm adds the slices (the last layer's product goes whole into x, which
+             * the final norm reads at the requested rows only) */
+            if ((parts = gemm_slices(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, "down_proj", err)) < 0) return -1;
+        } else if (gemm(cb, N, D, FF, cb->act, FF, Ly->w_down, FF, 1.f, cb->x, D, "down_proj", err)) {
             return -1;
+        }
     }
     // ---- logits: final norm of the requested positions, head GEMM in chunks; each chunk
     // either copied to the host or sampled where it is
@@ -1405,6 +1470,7 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->pair = 1;
     cb->swiglu = 1;
     cb->gnorm_early = 1;
+    cb->ks_nb = kKsplitNb, cb->ks_lo = kKsplitLo, cb->ks_hi = kKsplitHi;
     cb->fuse = KD_CUDA_FUSE_DEFAULT;
     cb->side_rows = kSideRows;
     const char *what = NULL;
@@ -1520,6 +1586,14 @@ extern "C" int kd_cuda_set_gnorm_early(kd_backend *b, int on) {
     return set_switch(b, &cu_backend::gnorm_early, on);
 }
 
+extern "C" int kd_cuda_set_ksplit(kd_backend *b, int slices, int64_t min_rows, int64_t max_rows) {
+    if (slices < 1 || slices > KD_KSPLIT_MAX || min_rows < 1 || max_rows < min_rows) return -1;
+    cu_backend *cb = regraph(b);
+    if (!cb) return -1;
+    cb->ks_nb = slices, cb->ks_lo = min_rows, cb->ks_hi = max_rows;
+    return 0;
+}
+
 extern "C" int kd_cuda_set_skinny(kd_backend *b, int on) { return set_switch(b, &cu_backend::skinny, on); }
 
 extern "C" int kd_cuda_set_skinny_rows_form(kd_backend *b, int form) {
@@ -1592,6 +1666,11 @@ extern "C" int kd_cuda_set_prefetch_blocks(kd_backend *b, int blocks) {
 
 extern "C" int kd_cuda_set_prefetch_order(kd_backend *b, int gate_up_first) {
     return set_switch(b, &cu_backend::pf_gu_first, gate_up_first);
+}
+
+extern "C" int64_t kd_cuda_ksplit_launches(kd_backend *b) {
+    cu_backend *cb = as_cuda(b);
+    return cb ? cb->ks_launches : -1;
 }
 
 extern "C" int64_t kd_cuda_pair_batched(kd_backend *b) {

@@ -450,6 +450,7 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
     kd_err err;
     const int32_t NS = 5, ROWS = 7, TW = 8;
     const int64_t TOK = 320;
+    const int ks_nb = 2 + (int)(seed / 1000 % 2);
     p.cpu = kd_cpu_backend_create(0, &err);
     if (!p.cpu) {
         report(false, "%s cpu backend: %s", lab, err.msg);
@@ -464,10 +465,14 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
     bool ok = kd_backend_load(p.cpu, &m.c, &m.w, &err) == 0 &&
               kd_backend_reserve(p.cpu, NS, ROWS, TOK, TW, mode, &err) == 0;
     if (!report(ok, "%s cpu load + reserve%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) goto done;
-    /* the conv + prepare kernel at every row count where it applies (by default only from 4 rows) */
+    /* the conv + prepare kernel at every row count where it applies (by default only from 4 rows); bf16: o_proj
+     * and the down projection in 2 or 3 K slices at every row count where cuBLAS takes them (kd_cuda_set_ksplit;
+     * a width that does not divide runs whole into the slices' buffer, one block), with 3 slices cuBLAS for
+     * every product (the skinny kernel off) */
     ok = kd_backend_load(p.gpu, &m.c, &m.w, &err) == 0 &&
          kd_backend_reserve(p.gpu, NS, ROWS, TOK, TW, mode, &err) == 0 &&
-         kd_cuda_set_conv_prep(p.gpu, 1) == 0;
+         kd_cuda_set_conv_prep(p.gpu, 1) == 0 &&
+         (!bf || (kd_cuda_set_ksplit(p.gpu, ks_nb, 1, 512) == 0 && kd_cuda_set_skinny(p.gpu, ks_nb == 2) == 0));
     if (!report(ok, "%s gpu load + reserve (D=%d L=%d H=%d HV=%d K=%d V=%d conv=%d W=%d I=%d vocab=%d lb=%d neg=%d tied=%d)%s%s",
                 lab, s.D, s.L, s.H, s.HV, s.K, s.V, s.conv, s.W, s.I, s.vocab, s.lb, s.neg, s.tied, ok ? "" : ": ",
                 ok ? "" : err.msg))
@@ -582,6 +587,12 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
         const int64_t nb = kd_cuda_pair_batched(p.gpu);
         report(bf && s.K == s.V ? nb > 0 : nb == 0, "%s f_proj.1 + g_proj.1 batched cuBLAS launches: %lld", lab,
                (long long)nb);
+        /* bf16: the products in K slices where their widths divide (else whole, into one block), compared with
+         * the CPU above */
+        auto divides = [&](int64_t w) { return w % ks_nb == 0 && w / ks_nb % 8 == 0; };
+        const bool sliced = bf && s.D <= 8192 && (divides((int64_t)s.HV * s.V) || (s.L > 1 && divides(s.I)));
+        const int64_t nks = kd_cuda_ksplit_launches(p.gpu);
+        report(sliced ? nks > 0 : nks == 0, "%s products in %d K slices: %lld", lab, ks_nb, (long long)nks);
         state_api_checks(p, r);
     }
 done:
@@ -871,18 +882,21 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
 // the first, plain on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
 // the first the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early),
-// on the second after it.
+// on the second after it. Variant 16: as variant 0 (graphs on the first, off on the second) with bf16
+// activations, o_proj and the down projection in 2 K slices on both at every row count (kd_cuda_set_ksplit)
+// and cuBLAS for every product (the skinny kernel off).
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
     const int32_t NS = 8, TW = 4;
-    const bool folds = variant >= 1; /* two bf16 backends with graphs, logits compared first */
+    const bool folds = variant >= 1 && variant != 16; /* two bf16 backends with graphs, logits compared first */
     const int fuse_masks[4][2] = {{KD_CUDA_FUSE_COPY, 0},
                                   {KD_CUDA_FUSE_CONV, 0},
                                   {KD_CUDA_FUSE_CONV_PREP, 0},
                                   {KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP, KD_CUDA_FUSE_CONV}};
     kd_err err;
-    kd_backend *be[2] = {kd_cuda_backend_create(folds, &err), kd_cuda_backend_create(folds, &err)};
+    const int bf16 = folds || variant == 16;
+    kd_backend *be[2] = {kd_cuda_backend_create(bf16, &err), kd_cuda_backend_create(bf16, &err)};
     bool ok = be[0] && be[1];
     for (int i = 0; i < 2 && ok; i++)
         ok = kd_backend_load(be[i], &m.c, &m.w, &err) == 0 &&
@@ -900,6 +914,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              (variant != 11 || kd_cuda_set_side_rows(be[i], i == 0 ? 1 : 0) == 0) &&
              (variant != 13 || kd_cuda_set_swiglu(be[i], i == 0) == 0) &&
              (variant != 15 || kd_cuda_set_gnorm_early(be[i], i == 0) == 0) &&
+             (variant != 16 || (kd_cuda_set_ksplit(be[i], 2, 1, 512) == 0 && kd_cuda_set_skinny(be[i], 0) == 0)) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
@@ -915,9 +930,11 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 13 ? "gate|up + SwiGLU launch"
                                             : variant == 14 ? "one-pass verify, store hint"
                                             : variant == 15 ? "one-pass verify, early norm"
+                                            : variant == 16 ? "graphs, K slices"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
+             : variant == 16 ? "o_proj and the down projection in 2 K slices on both; graphs on / off"
              : variant == 1 ? "bf16, as they are / every slot's state read and written back before each forward"
              : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
              : variant == 7 ? "bf16, the gates' copy in the input projection / its own kernel"
@@ -1059,6 +1076,10 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
     }
+    if (variant == 16)
+        report(kd_cuda_ksplit_launches(be[0]) > 0 && kd_cuda_ksplit_launches(be[1]) > 0,
+               "[%s %s] products run in K slices: %lld (graphs), %lld (eager)", tag, s.name,
+               (long long)kd_cuda_ksplit_launches(be[0]), (long long)kd_cuda_ksplit_launches(be[1]));
     report(ok && diffs == 0 && cap >= 1 && rep > 0 && cap1 == 0 && rep1 == 0,
            "[graphs %s] %d steps, %lld rows (1..8 per step, padded to 1/2/4/8 rows of the longest window): graph replay == eager on every row "
            "(differences %lld, drafts accepted %lld); graphs captured %lld, replays %lld (eager backend: %lld)",
@@ -2004,6 +2025,7 @@ int main(int argc, char **argv) {
     graph_case(specs[1], seed + 44, quick ? 8 : 30, 14);
     graph_case(specs[0], seed + 45, quick ? 8 : 30, 15);
     graph_case(specs[1], seed + 46, quick ? 8 : 30, 15);
+    graph_case(specs[0], seed + 47, quick ? 8 : 30, 16);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

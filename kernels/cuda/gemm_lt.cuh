@@ -70,6 +70,20 @@ cublasStatus_t kd_cu_lt_gemm(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, cons
                              const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc, void *ws,
                              size_t ws_bytes, cudaStream_t s);
 
+// The most K slices of kd_cu_lt_gemm_split.
+#define KD_LT_MAX_SLICES 8
+
+// The product above with its K dimension cut into nb equal slices (2..KD_LT_MAX_SLICES; K / nb a
+// multiple of 8), one product of a strided batch each, each slice's sum apart: C[b][M][N] (dense,
+// nb blocks of M x N) = A[M][bK/nb .. (b+1)K/nb) W[N][same]^T, beta 0. Twice as many blocks of
+// cuBLAS's kernel where a product has few output tiles (the 48B preset's o_proj and down
+// projection at 128 rows, N = 2304: tests/bench/results/gemm_lt_search_h200.md); whoever reads
+// C adds the slices (kd_cu_rmsnorm_add). Always the heuristic's first algorithm for the batch.
+// CUBLAS_STATUS_INVALID_VALUE for shapes out of range, as above.
+cublasStatus_t kd_cu_lt_gemm_split(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A,
+                                   int64_t lda, const __nv_bfloat16 *W, int64_t ldw, int nb, float *C, void *ws,
+                                   size_t ws_bytes, cudaStream_t s);
+
 // How many plans it holds, and how many of them run a choice of the table (tests).
 void kd_cu_lt_stats(const kd_cu_lt *lt, int *plans, int *picked);
 

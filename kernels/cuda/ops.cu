@@ -92,9 +92,19 @@ inline unsigned rmsnorm_threads(int64_t D) {
     const int64_t t = ((D + kNormU - 1) / kNormU + 31) / 32 * 32;
     return (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
 }
-template <class Y>
+// The residual's slices (kd_cu_rmsnorm_add): x[m] += parts[0][m] + ... + parts[np - 1][m], in that
+// order, each of the row's elements by the thread that normalizes it (one pass: D <= kNormU x 1024).
+struct norm_add {
+    float *x;
+    const float *parts;
+    int np;
+    int64_t pstride; // elements from one slice to the next
+};
+
+template <class Y, bool ADD>
 __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows, int64_t D,
-                               const float *__restrict__ w, double eps, unsigned nm, const char *pf, int64_t pf_bytes) {
+                               const float *__restrict__ w, double eps, unsigned nm, const char *pf, int64_t pf_bytes,
+                               norm_add ad) {
     if (blockIdx.x >= nm) { /* the prefetching blocks (kd_cu_rmsnorm's pf_blocks) */
         prefetch_share(pf, pf_bytes, blockIdx.x - nm, gridDim.x - nm);
         return;
@@ -105,13 +115,28 @@ __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, c
 #pragma unroll
     for (int u = 0; u < U; u++) g0[u] = i0 + u * nt < D ? __ldg(w + i0 + u * nt) : 0.f;
     kd_dep_start();
-    const float *xr = x + (rows ? (int64_t)rows[m] : m) * D;
+    const float *xr = ADD ? nullptr : x + (rows ? (int64_t)rows[m] : m) * D;
     double ss = 0;
+    if (ADD) { /* x is written here: plain loads, then the sums stored back */
+        float *xa = ad.x + m * D;
 #pragma unroll
-    for (int u = 0; u < U; u++) v0[u] = i0 + u * nt < D ? __ldg(xr + i0 + u * nt) : 0.f;
+        for (int u = 0; u < U; u++) v0[u] = i0 + u * nt < D ? xa[i0 + u * nt] : 0.f;
+        for (int p = 0; p < ad.np; p++) {
+            const float *pr = ad.parts + p * ad.pstride + m * D;
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + u * nt < D) v0[u] += __ldg(pr + i0 + u * nt);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + u * nt < D) xa[i0 + u * nt] = v0[u];
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; u++) v0[u] = i0 + u * nt < D ? __ldg(xr + i0 + u * nt) : 0.f;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) ss += (double)v0[u] * v0[u];
-    for (int64_t i1 = i0 + U * nt; i1 < D; i1 += U * nt) { /* longer rows: further passes */
+    for (int64_t i1 = i0 + U * nt; !ADD && i1 < D; i1 += U * nt) { /* longer rows: further passes */
         float v[U];
 #pragma unroll
         for (int u = 0; u < U; u++) v[u] = i1 + u * nt < D ? __ldg(xr + i1 + u * nt) : 0.f;
@@ -124,7 +149,7 @@ __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, c
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (i0 + u * nt < D) yr[i0 + u * nt] = from_f32<Y>(v0[u] * r * g0[u]);
-    for (int64_t i1 = i0 + U * nt; i1 < D; i1 += U * nt) {
+    for (int64_t i1 = i0 + U * nt; !ADD && i1 < D; i1 += U * nt) {
         float v[U], g[U];
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -518,11 +543,31 @@ cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *
     const int64_t pb = prefetch_blocks(pf, pf_bytes, pf_blocks);
     if (pb < 0 || M + pb > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 block(rmsnorm_threads(D)), grid((unsigned)(M + pb));
+    const norm_add none = {nullptr, nullptr, 0, 0};
     if (out_bf16)
-        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16>, grid, block, 0, s, (__nv_bfloat16 *)y, x, rows, D, w, eps,
-                             (unsigned)M, (const char *)pf, pf_bytes);
-    return kd_launch_dep(rmsnorm_kernel<float>, grid, block, 0, s, (float *)y, x, rows, D, w, eps, (unsigned)M,
-                         (const char *)pf, pf_bytes);
+        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16, false>, grid, block, 0, s, (__nv_bfloat16 *)y, x, rows, D,
+                             w, eps, (unsigned)M, (const char *)pf, pf_bytes, none);
+    return kd_launch_dep(rmsnorm_kernel<float, false>, grid, block, 0, s, (float *)y, x, rows, D, w, eps, (unsigned)M,
+                         (const char *)pf, pf_bytes, none);
+}
+
+cudaError_t kd_cu_rmsnorm_add(int out_bf16, void *y, float *x, const float *parts, int np, int64_t M, int64_t D,
+                              const float *w, double eps, cudaStream_t s, const void *pf, int64_t pf_bytes,
+                              int pf_blocks) {
+    if (M <= 0) return cudaSuccess;
+    const int64_t pb = prefetch_blocks(pf, pf_bytes, pf_blocks);
+    if (pb < 0 || M + pb > 0x7fffffff || !x || !parts || np < 1 || np > KD_NORM_ADD_MAX || D < 1 ||
+        D > KD_NORM_ADD_MAX_D)
+        return cudaErrorInvalidValue;
+    const dim3 block(rmsnorm_threads(D)), grid((unsigned)(M + pb));
+    const norm_add ad = {x, parts, np, M * D};
+    /* x is read through ad.x alone (the kernel's x, restrict-qualified and read-only, unused) */
+    if (out_bf16)
+        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16, true>, grid, block, 0, s, (__nv_bfloat16 *)y,
+                             (const float *)nullptr, (const int32_t *)nullptr, D, w, eps, (unsigned)M,
+                             (const char *)pf, pf_bytes, ad);
+    return kd_launch_dep(rmsnorm_kernel<float, true>, grid, block, 0, s, (float *)y, (const float *)nullptr,
+                         (const int32_t *)nullptr, D, w, eps, (unsigned)M, (const char *)pf, pf_bytes, ad);
 }
 
 cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld, int64_t off,

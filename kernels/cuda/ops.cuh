@@ -54,6 +54,17 @@ cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *
                           int64_t D, const float *w, double eps, cudaStream_t s, const void *pf = nullptr,
                           int64_t pf_bytes = 0, int pf_blocks = 0);
 
+// The norm above of x[m] + parts[0][m] + ... + parts[np - 1][m] (parts: np blocks of [M][D], each
+// dense; added in that order), which is also written back to x[m] for m < M (the residual
+// stream after a product whose K slices were left apart: kd_cu_lt_gemm_split). np in
+// 1..KD_NORM_ADD_MAX, D at most KD_NORM_ADD_MAX_D (one pass of the norm's threads); else
+// cudaErrorInvalidValue.
+#define KD_NORM_ADD_MAX 8
+#define KD_NORM_ADD_MAX_D 8192
+cudaError_t kd_cu_rmsnorm_add(int out_bf16, void *y, float *x, const float *parts, int np, int64_t M, int64_t D,
+                              const float *w, double eps, cudaStream_t s, const void *pf = nullptr,
+                              int64_t pf_bytes = 0, int pf_blocks = 0);
+
 // dst[t][i] = src[t * ld + off + i] for t < N, i < width (dst dense [N][width], float or
 // bf16 per out_bf16).
 cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld,

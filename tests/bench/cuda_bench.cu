@@ -22,6 +22,8 @@
 //   programmatic wait (the default) or after it (kd_cuda_set_gnorm_early), alternated over 5 rounds (printed only;
 //   until the one-pass verify's trigger became unconditional, with and without it too:
 //   results/logs/gnorm_h200_85b7682.log).
+//   KD_BENCH_KSPLIT=1 cuda_bench ...: only steps of 16-512 rows, o_proj and the down projection in KD_KSPLIT_NB
+//   (default 2) K slices at every row count (kd_cuda_set_ksplit) or whole, alternated over 5 rounds (printed only).
 //   KD_BENCH_PFROWS=1 cuda_bench ...: only steps of 4-128 requests, the L2 prefetch's mode 4 in steps of at most 2
 //   requests (the default until it became 4) or in every step (kd_cuda_set_prefetch), alternated over 5 rounds
 //   (printed only).
@@ -390,6 +392,20 @@ int main(int argc, char **argv) {
                   [](kd_backend *x, int m) {
                       kd_cuda_set_gnorm_early(x, m);
                   });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_KSPLIT")) { /* o_proj and the down projection in K slices, or whole */
+        static int nb = 2;
+        if (const char *v = getenv("KD_KSPLIT_NB")) nb = atoi(v);
+        const int pts[][2] = {{4, 3}, {8, 3}, {16, 3}, {32, 0}, {32, 1}, {32, 3},
+                              {64, 0}, {96, 0}, {128, 0}, {64, 3}, {128, 3}};
+        char on[32];
+        snprintf(on, sizeof on, "in %d K slices", nb);
+        ab_rounds(be, VOC, "ksplit", pts, sizeof pts / sizeof pts[0], "whole", on, "whole", [](kd_backend *x, int m) {
+            if (kd_cuda_set_ksplit(x, m ? nb : 1, 1, 512)) printf("ksplit: kd_cuda_set_ksplit(%d) refused\n", nb);
+        });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

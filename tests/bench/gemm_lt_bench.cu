@@ -17,12 +17,16 @@
 // keys but the head, or for KD_LT_SEARCH_SHAPES=NxK,... (another model's weights), at KD_LT_SEARCH_MS rows
 // (default 32,128): the heuristic's answers, then for each algorithm id with each answer's inner and
 // cluster shape (and with the defaults) its tiles x stages (only its automatic stage counts where it has
-// any) x K split 1 / 2 / 4 / 8 (screened: 3 replays), then for the 8 fastest every cluster shape x CTA
+// any) x cuBLASLt's K split (KD_LT_SEARCH_SPLITS, default 1,2,4,8; screened: 3 replays), then for the 8
+// fastest every cluster shape x CTA
 // swizzling x custom option, then the 5 fastest of all timed again as above (15 replays) beside
 // cublasGemmEx and the heuristic's first. Every candidate's output is checked against cublasGemmEx's
 // before it is timed. Writes OUT_PREFIX.json / .md (the best configuration found per product and row
 // count) and OUT_PREFIX.table: those at least 2 % faster than the heuristic's first, as an operator's
 // table for KDECODE_CUDA_LT_TABLE (kd/lt_table.h), read back with the backend's parser.
+// KD_LT_SEARCH_BATCH=1,4,...: each product also searched as a strided batch of that many K slices,
+// each slice's partial sums written apart (nb x M x N, checked by their sum; the time is the batch's
+// alone: a consumer of the product adds the partial sums), a K split that needs no reduction kernel.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -82,14 +86,26 @@ static std::string algo_str(const cublasLtMatmulAlgo_t &a) {
 struct LtProduct {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t lw = nullptr, la = nullptr, lc = nullptr;
-    LtProduct(int N, int K, int M) {
+    /* nb > 1: the K dimension cut into nb slices of K / nb keys, one product of the batch each (W and A
+     * at the slice's first key, ld K), each slice's C[M][N] of its own (nb partial sums, one after another) */
+    LtProduct(int N, int K, int M, int nb = 1) {
         LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
-        LT(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, K, N, K));
-        LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
+        LT(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, K / nb, N, K));
+        LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K / nb, M, K));
         LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+        if (nb > 1) {
+            const int32_t cnt = nb;
+            const int64_t ko = K / nb, co = (int64_t)N * M;
+            for (cublasLtMatrixLayout_t l : {lw, la, lc}) {
+                LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
+                const int64_t off = l == lc ? co : ko;
+                LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &off,
+                                                    sizeof off));
+            }
+        }
     }
     LtProduct(const LtProduct &) = delete;
     LtProduct &operator=(const LtProduct &) = delete;
@@ -212,7 +228,29 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
         for (const BenchShape &sh : kPresetProducts)
             if (sh.K > 256 && sh.N <= 20000) shapes.push_back(sh);
     }
+    /* KD_LT_SEARCH_BATCH=1,4,...: each product also as a batch of that many K slices (LtProduct), its partial
+     * sums left apart (a consumer adds them); KD_LT_SEARCH_SPLITS: cuBLASLt's own K splits tried */
+    auto int_list = [](const char *var, const char *dflt, int lo, int hi, std::vector<int> *out) {
+        const char *e = getenv(var);
+        std::string list = e && *e ? e : dflt;
+        for (const char *p = list.c_str();;) {
+            char *end = nullptr;
+            const long v = strtol(p, &end, 10);
+            if (end == p || v < lo || v > hi || (*end != ',' && *end != '\0') || out->size() >= 16)
+                return fprintf(stderr, "%s=%s: at most 16 numbers in %d..%d, comma-separated\n", var, list.c_str(), lo,
+                               hi),
+                       false;
+            out->push_back((int)v);
+            if (*end == '\0') return true;
+            p = end + 1;
+        }
+    };
+    std::vector<int> batches, split_list;
+    if (!int_list("KD_LT_SEARCH_BATCH", "1", 1, 16, &batches) ||
+        !int_list("KD_LT_SEARCH_SPLITS", "1,2,4,8", 1, 16, &split_list))
+        return 2;
     const int maxM = *std::max_element(Ms.begin(), Ms.end());
+    const int maxB = *std::max_element(batches.begin(), batches.end());
     int ids[256], nids = 0;
     LT(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
                                 256, ids, &nids));
@@ -232,12 +270,20 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
     int bad = 0;
     for (const BenchShape &sh : shapes) {
         BenchBuffers bb(sh, maxM, &g_rng);
-        for (int M : Ms) {
+        float *Cb = nullptr; /* the batches' partial sums */
+        CK(cudaMalloc(&Cb, (size_t)maxB * maxM * sh.N * 4));
+        for (int M : Ms)
+        for (int nb : batches) {
+            if (sh.K % nb || sh.K / nb % 64) continue;
+            const std::string pn = nb > 1 ? bench_fmt("%s, K in %d", sh.name, nb) : std::string(sh.name);
+            const char *pname = pn.c_str();
+            float *const Cx = nb > 1 ? Cb : bb.C;
+            const size_t csz = (size_t)nb * M * sh.N;
             const float alpha = 1.f, beta = 0.f;
-            const LtProduct pr(sh.N, sh.K, M);
+            const LtProduct pr(sh.N, sh.K, M, nb);
             cublasLtMatmulDesc_t op = pr.op;
             cublasLtMatrixLayout_t lw = pr.lw, la = pr.la, lc = pr.lc;
-            std::vector<float> ref((size_t)M * sh.N), got((size_t)M * sh.N);
+            std::vector<float> ref((size_t)M * sh.N), got(csz), sum((size_t)M * sh.N);
             auto time_it = [&](auto launch, int reps) { return time_launches(st, bb, launch, reps); };
             auto gemmex = [&](const void *w, float *c) {
                 LT(cublasGemmEx(env.blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, M, sh.K, &alpha, w, CUDA_R_16BF, sh.K, bb.A,
@@ -257,17 +303,22 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                     chk.workspaceSize > ws_bytes)
                     return false;
                 auto run = [&](const void *w) {
-                    return cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, bb.C, lc, bb.C, lc, &a, env.ws,
+                    return cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, Cx, lc, Cx, lc, &a, env.ws,
                                           ws_bytes, st);
                 };
-                CK(cudaMemsetAsync(bb.C, 0xff, (size_t)M * sh.N * 4, st));
+                CK(cudaMemsetAsync(Cx, 0xff, csz * 4, st));
                 if (run(bb.W[0]) != CUBLAS_STATUS_SUCCESS) return false;
                 CK(cudaStreamSynchronize(st));
-                CK(cudaMemcpy(got.data(), bb.C, got.size() * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(got.data(), Cx, got.size() * 4, cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < sum.size(); i++) {
+                    float x = 0.f;
+                    for (int b = 0; b < nb; b++) x += got[(size_t)b * sum.size() + i];
+                    sum[i] = x;
+                }
                 double mx;
-                const double err = bench_max_error(got, ref, &mx);
+                const double err = bench_max_error(sum, ref, &mx);
                 if (!(err <= 1e-4 * mx)) {
-                    printf("MISMATCH %s M=%d %s: max error %.3g of %.3g\n", sh.name, M, lt_cfg_str(c).c_str(), err, mx);
+                    printf("MISMATCH %s M=%d %s: max error %.3g of %.3g\n", pname, M, lt_cfg_str(c).c_str(), err, mx);
                     bad++;
                     return false;
                 }
@@ -299,7 +350,7 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
             for (int h = 0; h < nheur; h++) {
                 const LtCfg c = lt_cfg_read(heur[h].algo);
                 double us;
-                if (h < 4) printf("search: %s M=%d heuristic #%d: %s\n", sh.name, M, h, lt_cfg_str(c).c_str());
+                if (h < 4) printf("search: %s M=%d heuristic #%d: %s\n", pname, M, h, lt_cfg_str(c).c_str());
                 if (try_cfg(c, 3, &us)) timed.push_back({us, c});
                 LtCfg f = {};
                 f.id = c.id, f.inner = c.inner, f.cluster = c.cluster, f.stages = c.stages;
@@ -311,7 +362,7 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                 add_family(f);
             }
             const size_t n_heur = timed.size();
-            const int32_t splits[] = {1, 2, 4, 8};
+            const std::vector<int> &splits = split_list;
             for (const LtCfg &fam : families) { /* (1) tiles x stages x K splits of each family */
                 cublasLtMatmulAlgo_t a;
                 if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F,
@@ -359,11 +410,11 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
                             }
                         }
                 if (timed.size() > before)
-                    printf("search: %s M=%d id %d inner %u cluster %u: %zu tiles x %zu stages, %zu ran\n", sh.name, M,
+                    printf("search: %s M=%d id %d inner %u cluster %u: %zu tiles x %zu stages, %zu ran\n", pname, M,
                            fam.id, (unsigned)fam.inner, (unsigned)fam.cluster, tiles.size(), stages.size(),
                            timed.size() - before);
             }
-            printf("search: %s M=%d: %d heuristic answers (%zu ran), %zu families\n", sh.name, M, nheur, n_heur,
+            printf("search: %s M=%d: %d heuristic answers (%zu ran), %zu families\n", pname, M, nheur, n_heur,
                    families.size());
             const size_t n1 = timed.size();
             std::sort(timed.begin(), timed.end(), [](const auto &x, const auto &y) { return x.first < y.first; });
@@ -391,7 +442,7 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
             if (nheur > 0)
                 h_us = time_it(
                     [&](const void *w) {
-                        LT(cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, bb.C, lc, bb.C, lc, &heur[0].algo,
+                        LT(cublasLtMatmul(lt, op, &alpha, w, lw, bb.A, la, &beta, Cx, lc, Cx, lc, &heur[0].algo,
                                           env.ws, ws_bytes, st));
                     },
                     15);
@@ -400,34 +451,35 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
             for (size_t k = 0; k < std::min<size_t>(5, timed.size()); k++) {
                 double us;
                 if (try_cfg(timed[k].second, 15, &us)) {
-                    printf("search: %s M=%d %8.2f us (screened %8.2f)  %s\n", sh.name, M, us, timed[k].first,
+                    printf("search: %s M=%d %8.2f us (screened %8.2f)  %s\n", pname, M, us, timed[k].first,
                            lt_cfg_str(timed[k].second).c_str());
                     if (us < best) best = us, best_c = timed[k].second;
                 }
             }
             printf("search: %-18s N=%6d K=%5d M=%3d gemmEx %8.2f us, Lt first %8.2f, best %8.2f (%s); %zu timed (%zu "
                    "in the first pass)\n",
-                   sh.name, sh.N, sh.K, M, ex_us, h_us, best, best < 1e30 ? lt_cfg_str(best_c).c_str() : "-",
+                   pname, sh.N, sh.K, M, ex_us, h_us, best, best < 1e30 ? lt_cfg_str(best_c).c_str() : "-",
                    timed.size(), n1);
             fflush(stdout);
             const bool found = best < 1e30;
-            if (found && h_us > 0 && best <= 0.98 * h_us)
+            if (found && nb == 1 && h_us > 0 && best <= 0.98 * h_us)
                 table += bench_fmt("%d %d %d %d %d %u %u %d %u %u %u %u %u  # %s: %.2f -> %.2f us\n", sh.N, sh.K, M, M,
                                    best_c.id, best_c.tile, best_c.stages, best_c.split_k, best_c.reduction,
                                    best_c.swizzle, best_c.custom, (unsigned)best_c.cluster, (unsigned)best_c.inner,
                                    sh.name, h_us, best);
             md += bench_fmt("| %s | %d | %d | %d | %.2f | %.2f | %s | %s | %s | %s | %zu |\n",
-                            bench_md_cell(sh.name).c_str(), sh.N, sh.K, M, ex_us, h_us,
+                            bench_md_cell(pname).c_str(), sh.N, sh.K, M, ex_us, h_us,
                             found ? bench_fmt("%.2f", best).c_str() : "-",
                             found ? bench_fmt("%.2f", best / ex_us).c_str() : "-",
                             found ? bench_fmt("%.0f %%", 100.0 * bb.wbytes / (best * 1e-6) / copy_bw).c_str() : "-",
                             found ? lt_cfg_str(best_c).c_str() : "-", timed.size());
             json += bench_fmt("%s    {\"product\": \"%s\", \"N\": %d, \"K\": %d, \"M\": %d, \"gemmex_us\": %.3f, "
                               "\"lt_first_us\": %.3f, \"best_us\": %.3f, \"best_config\": \"%s\", \"timed\": %zu}",
-                              first ? "" : ",\n", sh.name, sh.N, sh.K, M, ex_us, h_us, found ? best : -1.0,
+                              first ? "" : ",\n", pname, sh.N, sh.K, M, ex_us, h_us, found ? best : -1.0,
                               found ? lt_cfg_str(best_c).c_str() : "-", timed.size());
             first = false;
         }
+        cudaFree(Cb);
     }
     json += "\n  ]\n}\n";
     const std::string intro = bench_fmt(
@@ -435,7 +487,8 @@ static int lt_search(BenchEnv &env, cublasLtHandle_t lt, double copy_bw, int arg
         "copy of the weights (more than 4 x the L2), per launch. Copy floor in the same run: %.0f GB/s (read + "
         "write). Searched (KD_LT_SEARCH=1): the heuristic's answers (up to 32), then for each algorithm id "
         "with the inner and cluster shape of each answer, and with the defaults, its tiles x stages (its "
-        "automatic stage counts where it has any) x K split 1 / 2 / 4 / 8 (3 replays each), then cluster shapes "
+        "automatic stage counts where it has any) x K split (KD_LT_SEARCH_SPLITS, default 1 / 2 / 4 / 8; 3 replays "
+        "each), then cluster shapes "
         "x CTA swizzling x custom options of the 8 fastest; the 5 fastest "
         "timed again with 15 replays (median) beside cublasGemmEx and the heuristic's first algorithm. Every "
         "candidate's output checked against cublasGemmEx's first.\n\n",

@@ -252,6 +252,19 @@ int kd_cuda_set_swiglu(kd_backend *b, int on);
  * ran since g_proj.1 wrote the gate (on by default), or after it (off; the same bits); drops the
  * captured graphs. Benchmarks and tests. */
 int kd_cuda_set_gnorm_early(kd_backend *b, int on);
+/* o_proj and the down projection (bf16, where cuBLAS takes them) in `slices` equal K slices, one
+ * product of a strided batch each with its partial sums apart, which the RMSNorm after the product
+ * adds into the residual stream (kernels/cuda/gemm_lt.cuh: twice the thread blocks where a
+ * product has few output tiles), in forwards of min_rows..max_rows activation rows (at most 512);
+ * slices 1: whole, with the residual added by the product (beta 1). By default 2 slices at 16-128
+ * rows (measured faster there: kernels/cuda/cuda_backend.cu). Sums in another order than whole:
+ * not the same bits. Drops the captured graphs; -1 for slices outside 1..KD_KSPLIT_MAX or
+ * min_rows < 1 or max_rows < min_rows. Benchmarks and tests. */
+#define KD_KSPLIT_MAX 4
+int kd_cuda_set_ksplit(kd_backend *b, int slices, int64_t min_rows, int64_t max_rows);
+/* How many products the backend has run in K slices (captured launches counted once), -1 for a
+ * backend that is not CUDA. Tests. */
+int64_t kd_cuda_ksplit_launches(kd_backend *b);
 /* The backend's own skinny GEMM kernel for the products of few activation rows where it
  * beats cuBLAS (bf16 activations; on by default), or cuBLAS for every product (off); drops
  * the captured graphs. Benchmarks. */
