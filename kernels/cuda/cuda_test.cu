@@ -468,11 +468,13 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
     /* the conv + prepare kernel at every row count where it applies (by default only from 4 rows); bf16: o_proj
      * and the down projection in 2 or 3 K slices at every row count where cuBLAS takes them (kd_cuda_set_ksplit;
      * a width that does not divide runs whole into the slices' buffer, one block), with 3 slices cuBLAS for
-     * every product (the skinny kernel off) */
+     * every product (the skinny kernel off) and gate|up's output in fp32 (kd_cuda_set_gu_bf16 0), with 2 in
+     * bf16 (the default) */
     ok = kd_backend_load(p.gpu, &m.c, &m.w, &err) == 0 &&
          kd_backend_reserve(p.gpu, NS, ROWS, TOK, TW, mode, &err) == 0 &&
          kd_cuda_set_conv_prep(p.gpu, 1) == 0 &&
-         (!bf || (kd_cuda_set_ksplit(p.gpu, ks_nb, 1, 512) == 0 && kd_cuda_set_skinny(p.gpu, ks_nb == 2) == 0));
+         (!bf || (kd_cuda_set_ksplit(p.gpu, ks_nb, 1, 512) == 0 && kd_cuda_set_skinny(p.gpu, ks_nb == 2) == 0 &&
+                  kd_cuda_set_gu_bf16(p.gpu, ks_nb == 2) == 0));
     if (!report(ok, "%s gpu load + reserve (D=%d L=%d H=%d HV=%d K=%d V=%d conv=%d W=%d I=%d vocab=%d lb=%d neg=%d tied=%d)%s%s",
                 lab, s.D, s.L, s.H, s.HV, s.K, s.V, s.conv, s.W, s.I, s.vocab, s.lb, s.neg, s.tied, ok ? "" : ": ",
                 ok ? "" : err.msg))
@@ -883,8 +885,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // the first, plain on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
 // the first the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early),
 // on the second after it. Variant 16: as variant 0 (graphs on the first, off on the second) with bf16
-// activations, o_proj and the down projection in 2 K slices on both at every row count (kd_cuda_set_ksplit)
-// and cuBLAS for every product (the skinny kernel off).
+// activations, o_proj and the down projection in 2 K slices on both at every row count (kd_cuda_set_ksplit),
+// gate|up's output in bf16 (kd_cuda_set_gu_bf16) and cuBLAS for every product (the skinny kernel off).
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
@@ -914,7 +916,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              (variant != 11 || kd_cuda_set_side_rows(be[i], i == 0 ? 1 : 0) == 0) &&
              (variant != 13 || kd_cuda_set_swiglu(be[i], i == 0) == 0) &&
              (variant != 15 || kd_cuda_set_gnorm_early(be[i], i == 0) == 0) &&
-             (variant != 16 || (kd_cuda_set_ksplit(be[i], 2, 1, 512) == 0 && kd_cuda_set_skinny(be[i], 0) == 0)) &&
+             (variant != 16 || (kd_cuda_set_ksplit(be[i], 2, 1, 512) == 0 && kd_cuda_set_skinny(be[i], 0) == 0 &&
+                                kd_cuda_set_gu_bf16(be[i], 1) == 0)) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
@@ -934,7 +937,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
-             : variant == 16 ? "o_proj and the down projection in 2 K slices on both; graphs on / off"
+             : variant == 16 ? "o_proj and the down projection in 2 K slices, gate|up in bf16 on both; graphs on / off"
              : variant == 1 ? "bf16, as they are / every slot's state read and written back before each forward"
              : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
              : variant == 7 ? "bf16, the gates' copy in the input projection / its own kernel"

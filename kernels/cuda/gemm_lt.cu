@@ -9,6 +9,7 @@ namespace {
 struct Plan {
     int64_t M, N, K, lda, ldw, ldc; // K: of one slice where nb > 1
     int nb;                         // 1, or a batch of nb K slices (kd_cu_lt_gemm_split)
+    int c16;                        // C in bf16 (kd_cu_lt_gemm_bf16), else fp32
     size_t ws_bytes;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t lw, la, lc;
@@ -207,7 +208,8 @@ cublasStatus_t plan_make(kd_cu_lt *lt, Plan *p) {
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p->lw, CUDA_R_16BF, p->K, p->N, p->ldw);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, p->K, p->M, p->lda);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, p->N, p->M, p->ldc);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&p->lc, p->c16 ? CUDA_R_16BF : CUDA_R_32F, p->N, p->M, p->ldc);
     if (p->nb > 1) { /* slice b: W and A from key b K, C the b-th [M][N] block */
         const int32_t cnt = p->nb;
         const int64_t ko = p->K, co = p->N * p->M;
@@ -225,7 +227,7 @@ cublasStatus_t plan_make(kd_cu_lt *lt, Plan *p) {
     const size_t ws = p->ws_bytes;
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    const kd_lt_entry *hit = !lt->on || p->nb > 1 ? nullptr
+    const kd_lt_entry *hit = !lt->on || p->nb > 1 || p->c16 ? nullptr
                              : lt->user_set ? kd_lt_table_find(lt->user, lt->n_user, p->M, p->N, p->K)
                              : lt->table_ok ? kd_lt_table_find(kPicks, kNumPicks, p->M, p->N, p->K)
                                             : nullptr;
@@ -250,18 +252,19 @@ cublasStatus_t plan_make(kd_cu_lt *lt, Plan *p) {
 
 // The plan of a product (made on its first use), or nullptr with *st set.
 Plan *plan_for(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldw, int64_t ldc, int nb,
-               size_t ws_bytes, cublasStatus_t *st) {
+               int c16, size_t ws_bytes, cublasStatus_t *st) {
     for (int i = 0; i < lt->n; i++) {
         Plan *q = &lt->plans[i];
         if (q->M == M && q->N == N && q->K == K && q->lda == lda && q->ldw == ldw && q->ldc == ldc && q->nb == nb &&
-            q->ws_bytes == ws_bytes)
+            q->c16 == c16 && q->ws_bytes == ws_bytes)
             return q;
     }
     const bool appended = lt->n < KD_LT_PLANS;
     Plan *p;
     if (appended) p = &lt->plans[lt->n++];
     else p = &lt->plans[lt->next], lt->next = (lt->next + 1) % KD_LT_PLANS, plan_free(p);
-    p->M = M, p->N = N, p->K = K, p->lda = lda, p->ldw = ldw, p->ldc = ldc, p->nb = nb, p->ws_bytes = ws_bytes;
+    p->M = M, p->N = N, p->K = K, p->lda = lda, p->ldw = ldw, p->ldc = ldc, p->nb = nb, p->c16 = c16;
+    p->ws_bytes = ws_bytes;
     *st = plan_make(lt, p);
     if (*st != CUBLAS_STATUS_SUCCESS) {
         plan_free(p); // not kept: an empty slot (M = 0 matches no product) or none taken
@@ -271,35 +274,41 @@ Plan *plan_for(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int64_t lda, int64
     return p;
 }
 
-} // namespace
-
-cublasStatus_t kd_cu_lt_gemm(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
-                             const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc, void *ws,
-                             size_t ws_bytes, cudaStream_t s) {
+// A product of a plan (made on its first use): C = A W^T + beta C, nb K slices (C the nb blocks), C in bf16
+// where c16.
+cublasStatus_t lt_run(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                      const __nv_bfloat16 *W, int64_t ldw, int nb, int c16, float beta, void *C, int64_t ldc, void *ws,
+                      size_t ws_bytes, cudaStream_t s) {
     const int64_t big = (int64_t)1 << 31;
     if (!lt || !A || !W || !C || M < 1 || N < 1 || K < 1 || M >= big || N >= big || K >= big || lda < K ||
-        ldw < K || ldc < N || lda >= big || ldw >= big || ldc >= big)
+        ldw < K || ldc < N || lda >= big || ldw >= big || ldc >= big || nb < 1 || nb > KD_LT_MAX_SLICES ||
+        K % nb || (nb > 1 && (K / nb % 8 || ldc != N)))
         return CUBLAS_STATUS_INVALID_VALUE;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    const Plan *p = plan_for(lt, M, N, K, lda, ldw, ldc, 1, ws_bytes, &st);
+    const Plan *p = plan_for(lt, M, N, K / nb, lda, ldw, ldc, nb, c16, ws_bytes, &st);
     if (!p) return st;
     const float alpha = 1.f;
     return cublasLtMatmul(lt->h, p->op, &alpha, W, p->lw, A, p->la, &beta, C, p->lc, C, p->lc, &p->algo, ws, ws_bytes,
                           s);
 }
 
+} // namespace
+
+cublasStatus_t kd_cu_lt_gemm(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                             const __nv_bfloat16 *W, int64_t ldw, float beta, float *C, int64_t ldc, void *ws,
+                             size_t ws_bytes, cudaStream_t s) {
+    return lt_run(lt, M, N, K, A, lda, W, ldw, 1, 0, beta, C, ldc, ws, ws_bytes, s);
+}
+
 cublasStatus_t kd_cu_lt_gemm_split(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
                                    const __nv_bfloat16 *W, int64_t ldw, int nb, float *C, void *ws, size_t ws_bytes,
                                    cudaStream_t s) {
-    const int64_t big = (int64_t)1 << 31;
-    if (!lt || !A || !W || !C || nb < 2 || nb > KD_LT_MAX_SLICES || M < 1 || N < 1 || K < 1 || M >= big ||
-        N >= big || K >= big || K % nb || (K / nb) % 8 || lda < K || ldw < K || lda >= big || ldw >= big ||
-        M * N * nb >= big)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    const Plan *p = plan_for(lt, M, N, K / nb, lda, ldw, N, nb, ws_bytes, &st);
-    if (!p) return st;
-    const float alpha = 1.f, beta = 0.f;
-    return cublasLtMatmul(lt->h, p->op, &alpha, W, p->lw, A, p->la, &beta, C, p->lc, C, p->lc, &p->algo, ws, ws_bytes,
-                          s);
+    if (nb < 2) return CUBLAS_STATUS_INVALID_VALUE;
+    return lt_run(lt, M, N, K, A, lda, W, ldw, nb, 0, 0.f, C, N, ws, ws_bytes, s);
+}
+
+cublasStatus_t kd_cu_lt_gemm_bf16(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                  const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *C, int64_t ldc, void *ws,
+                                  size_t ws_bytes, cudaStream_t s) {
+    return lt_run(lt, M, N, K, A, lda, W, ldw, 1, 1, 0.f, C, ldc, ws, ws_bytes, s);
 }

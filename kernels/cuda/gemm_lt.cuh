@@ -84,6 +84,13 @@ cublasStatus_t kd_cu_lt_gemm_split(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K
                                    int64_t lda, const __nv_bfloat16 *W, int64_t ldw, int nb, float *C, void *ws,
                                    size_t ws_bytes, cudaStream_t s);
 
+// The product of kd_cu_lt_gemm with beta 0 and C in bf16 (fp32 accumulation, rounded once at the store):
+// half the bytes written, and read by whoever reads C (gate|up, read by SwiGLU: kd_cu_swiglu_h). Always
+// the heuristic's first algorithm. CUBLAS_STATUS_INVALID_VALUE for shapes out of range, as above.
+cublasStatus_t kd_cu_lt_gemm_bf16(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, const __nv_bfloat16 *A, int64_t lda,
+                                  const __nv_bfloat16 *W, int64_t ldw, __nv_bfloat16 *C, int64_t ldc, void *ws,
+                                  size_t ws_bytes, cudaStream_t s);
+
 // How many plans it holds, and how many of them run a choice of the table (tests).
 void kd_cu_lt_stats(const kd_cu_lt *lt, int *plans, int *picked);
 

@@ -468,22 +468,28 @@ __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, co
     for (int i = lane; i < V; i += 32) y[th * V + i] = from_f32<Y>(ot[i] * r * w[i] * sigmoid_(gt[i] + bt[i]));
 }
 
+// Gate and up of column c of a token's row (interleaved: gate c, up c, gate c + 1, ...), fp32 or bf16.
+__device__ __forceinline__ float2 gu_at(const float *row, int64_t c) { return make_float2(row[2 * c], row[2 * c + 1]); }
+__device__ __forceinline__ float2 gu_at(const __nv_bfloat16 *row, int64_t c) {
+    return __bfloat1622float2(*(const __nv_bfloat162 *)(row + 2 * c));
+}
+
 // Grid: x over columns, y over tokens.
-template <class Y>
-__global__ void swiglu_kernel(Y *y, const float *gu, int64_t N, int64_t FF) {
+template <class Y, class G>
+__global__ void swiglu_kernel(Y *y, const G *gu, int64_t N, int64_t FF) {
     kd_dep_start();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= FF) return;
     for (int64_t t = blockIdx.y; t < N; t += gridDim.y) {
-        const float *row = gu + t * 2 * FF;
-        y[t * FF + c] = from_f32<Y>(silu_(row[2 * c]) * row[2 * c + 1]);
+        const float2 g = gu_at(gu + t * 2 * FF, c);
+        y[t * FF + c] = from_f32<Y>(silu_(g.x) * g.y);
     }
 }
 
-// The same, 4 columns a thread (FF a multiple of 4, gu 16-byte and y 4-element aligned): two 16-byte
-// loads and one store of 4 outputs, so each thread has 4 times the bytes in flight (the one-column
-// kernel streamed gate|up's outputs at 1.5 TB/s at 512 tokens on an H200:
-// tests/bench/results/logs/ncu_kernels_b32s0_b128s3_h200_c0f9772.txt). The same arithmetic for
+// The same, 4 columns a thread (FF a multiple of 4, gu 16-byte and y 4-element aligned): 16-byte
+// loads (two of fp32 gate|up, one of bf16) and one store of 4 outputs, so each thread has 4 times the
+// bytes in flight (the one-column kernel streamed gate|up's outputs at 1.5 TB/s at 512 tokens on an
+// H200: tests/bench/results/logs/ncu_kernels_b32s0_b128s3_h200_c0f9772.txt). The same arithmetic for
 // every element.
 template <class Y> struct Out4;
 template <> struct Out4<float> {
@@ -504,16 +510,28 @@ template <> struct Out4<__nv_bfloat16> {
     }
 };
 
-template <class Y>
-__global__ void swiglu4_kernel(Y *y, const float *gu, int64_t N, int64_t FF) {
+// Gate and up of columns c .. c + 3 (p: the row at column c).
+__device__ __forceinline__ void gu4_at(const float *p, float2 (&g)[4]) {
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    g[0] = make_float2(a.x, a.y), g[1] = make_float2(a.z, a.w);
+    g[2] = make_float2(b.x, b.y), g[3] = make_float2(b.z, b.w);
+}
+__device__ __forceinline__ void gu4_at(const __nv_bfloat16 *p, float2 (&g)[4]) {
+    const uint4 r = *(const uint4 *)p;
+    g[0] = __bfloat1622float2(*(const __nv_bfloat162 *)&r.x), g[1] = __bfloat1622float2(*(const __nv_bfloat162 *)&r.y);
+    g[2] = __bfloat1622float2(*(const __nv_bfloat162 *)&r.z), g[3] = __bfloat1622float2(*(const __nv_bfloat162 *)&r.w);
+}
+
+template <class Y, class G>
+__global__ void swiglu4_kernel(Y *y, const G *gu, int64_t N, int64_t FF) {
     kd_dep_start();
     const int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (c >= FF) return;
     for (int64_t t = blockIdx.y; t < N; t += gridDim.y) {
-        const float4 *row = (const float4 *)(gu + t * 2 * FF + 2 * c);
-        const float4 a = row[0], b = row[1]; /* gate c, up c, gate c + 1, up c + 1, ... */
-        *(typename Out4<Y>::T *)(y + t * FF + c) =
-            Out4<Y>::make(silu_(a.x) * a.y, silu_(a.z) * a.w, silu_(b.x) * b.y, silu_(b.z) * b.w);
+        float2 g[4];
+        gu4_at(gu + t * 2 * FF + 2 * c, g);
+        *(typename Out4<Y>::T *)(y + t * FF + c) = Out4<Y>::make(silu_(g[0].x) * g[0].y, silu_(g[1].x) * g[1].y,
+                                                                 silu_(g[2].x) * g[2].y, silu_(g[3].x) * g[3].y);
     }
 }
 
@@ -678,16 +696,27 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
                          eps, (unsigned)blocks, (const char *)pf, pf_bytes, gate_early);
 }
 
-cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {
+template <class G>
+static cudaError_t swiglu_launch(int out_bf16, void *y, const G *gu, int64_t N, int64_t FF, cudaStream_t s) {
     if (N <= 0) return cudaSuccess;
     if (FF % 4 == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)y % (out_bf16 ? 8 : 16) == 0) {
         if (out_bf16)
-            return kd_launch_dep(swiglu4_kernel<__nv_bfloat16>, grid_2d(FF / 4, N), dim3(kBlock), 0, s,
+            return kd_launch_dep(swiglu4_kernel<__nv_bfloat16, G>, grid_2d(FF / 4, N), dim3(kBlock), 0, s,
                                  (__nv_bfloat16 *)y, gu, N, FF);
-        return kd_launch_dep(swiglu4_kernel<float>, grid_2d(FF / 4, N), dim3(kBlock), 0, s, (float *)y, gu, N, FF);
+        return kd_launch_dep(swiglu4_kernel<float, G>, grid_2d(FF / 4, N), dim3(kBlock), 0, s, (float *)y, gu, N, FF);
     }
-    if (out_bf16) return kd_launch_dep(swiglu_kernel<__nv_bfloat16>, grid_2d(FF, N), dim3(kBlock), 0, s, (__nv_bfloat16 *)y, gu, N, FF);
-    return kd_launch_dep(swiglu_kernel<float>, grid_2d(FF, N), dim3(kBlock), 0, s, (float *)y, gu, N, FF);
+    if (out_bf16)
+        return kd_launch_dep(swiglu_kernel<__nv_bfloat16, G>, grid_2d(FF, N), dim3(kBlock), 0, s, (__nv_bfloat16 *)y,
+                             gu, N, FF);
+    return kd_launch_dep(swiglu_kernel<float, G>, grid_2d(FF, N), dim3(kBlock), 0, s, (float *)y, gu, N, FF);
+}
+
+cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF, cudaStream_t s) {
+    return swiglu_launch(out_bf16, y, gu, N, FF, s);
+}
+
+cudaError_t kd_cu_swiglu_h(__nv_bfloat16 *y, const __nv_bfloat16 *gu, int64_t N, int64_t FF, cudaStream_t s) {
+    return swiglu_launch(1, y, gu, N, FF, s);
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #ifndef KD_CUDA_OPS_CUH
 #define KD_CUDA_OPS_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -171,6 +172,8 @@ cudaError_t kd_cu_gated_rmsnorm(int out_bf16, void *y, const float *o, const flo
 // kd_cu_gemm_skinny_swiglu), y [N][FF] (float or bf16).
 cudaError_t kd_cu_swiglu(int out_bf16, void *y, const float *gu, int64_t N, int64_t FF,
                          cudaStream_t s);
+// The same from gate|up in bf16 (gu [N][2 FF] of bf16, kd_cu_lt_gemm_bf16), into bf16.
+cudaError_t kd_cu_swiglu_h(__nv_bfloat16 *y, const __nv_bfloat16 *gu, int64_t N, int64_t FF, cudaStream_t s);
 
 // Weights into the L2 cache ahead of the product that reads them: bytes [p, p + bytes) of
 // memory nothing writes during the step, as hints (modes 1 and 2 read nothing into registers

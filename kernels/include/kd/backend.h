@@ -252,6 +252,10 @@ int kd_cuda_set_swiglu(kd_backend *b, int on);
  * ran since g_proj.1 wrote the gate (on by default), or after it (off; the same bits); drops the
  * captured graphs. Benchmarks and tests. */
 int kd_cuda_set_gnorm_early(kd_backend *b, int on);
+/* The gate|up product's output in bf16 (fp32 sums rounded once at the store; SwiGLU reads it) where
+ * cuBLASLt takes it (bf16 activations, not the skinny kernel's rows; on by default), or in fp32
+ * (off). Not the same bits. Drops the captured graphs. Benchmarks and tests. */
+int kd_cuda_set_gu_bf16(kd_backend *b, int on);
 /* o_proj and the down projection (bf16, where cuBLAS takes them) in `slices` equal K slices, one
  * product of a strided batch each with its partial sums apart, which the RMSNorm after the product
  * adds into the residual stream (kernels/cuda/gemm_lt.cuh: twice the thread blocks where a
