@@ -182,65 +182,6 @@ __global__ void __launch_bounds__(kThreads) argmax_part_kernel(const float *logi
     if (threadIdx.x == 0) part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + blockIdx.y] = kd_cu_argpart{bv, bi};
 }
 
-// The same with blocks of kArgThreads threads, each thread's loads (up to kArgU of 16 bytes, a slice of up
-// to 4 x kArgU x kArgThreads logits) all issued before the first comparison: the slices' reads were
-// latency-bound in blocks of 512 threads of 2-3 loads each (a 48B step at B = 128: 43 us for 84 MB of
-// logits, half the copy rate; kernel trace, results/logs/kernel_trace_h200_c91545e.log).
-constexpr int kArgThreads = 128, kArgU = 16;
-__global__ void __launch_bounds__(kArgThreads) argmax_deep_kernel(const float *logits, int32_t V, int64_t m0,
-                                                                  const kd_cu_spos *pos, kd_cu_argpart *part) {
-    kd_dep_start();
-    __shared__ float sv[kArgThreads / 32];
-    __shared__ int32_t si[kArgThreads / 32];
-    if (pos[m0 + blockIdx.x].row < 0) return; // the whole block
-    const int32_t len = arg_slice(V), a = (int32_t)blockIdx.y * len, b = a + len < V ? a + len : V;
-    float bv = __int_as_float(0x7fc00000);
-    int32_t bi = 0x7fffffff;
-    if (a < V) {
-        const float *l = logits + (int64_t)blockIdx.x * V + a;
-        const int32_t n = b - a, V4 = ((uintptr_t)l % 16 == 0) ? n / 4 : 0;
-        const float4 *l4 = (const float4 *)l;
-        for (int32_t j0 = threadIdx.x; j0 < V4; j0 += kArgU * kArgThreads) {
-            float4 x[kArgU];
-#pragma unroll
-            for (int u = 0; u < kArgU; u++) {
-                const int32_t j = j0 + u * kArgThreads;
-                if (j < V4) x[u] = __ldcs(l4 + j);
-            }
-#pragma unroll
-            for (int u = 0; u < kArgU; u++) {
-                const int32_t j = j0 + u * kArgThreads;
-                if (j < V4) {
-                    if (beats(x[u].x, 4 * j, bv, bi)) bv = x[u].x, bi = 4 * j;
-                    if (beats(x[u].y, 4 * j + 1, bv, bi)) bv = x[u].y, bi = 4 * j + 1;
-                    if (beats(x[u].z, 4 * j + 2, bv, bi)) bv = x[u].z, bi = 4 * j + 2;
-                    if (beats(x[u].w, 4 * j + 3, bv, bi)) bv = x[u].w, bi = 4 * j + 3;
-                }
-            }
-        }
-        for (int32_t i = 4 * V4 + threadIdx.x; i < n; i += kArgThreads) {
-            const float v = l[i];
-            if (beats(v, i, bv, bi)) bv = v, bi = i;
-        }
-    }
-#pragma unroll
-    for (int m = 16; m >= 1; m /= 2) {
-        const float v = __shfl_xor_sync(0xffffffffu, bv, m);
-        const int32_t i = __shfl_xor_sync(0xffffffffu, bi, m);
-        if (beats(v, i, bv, bi)) bv = v, bi = i;
-    }
-    if (threadIdx.x % 32 == 0) sv[threadIdx.x / 32] = bv, si[threadIdx.x / 32] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kArgThreads / 32; w++)
-            if (beats(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-        if (a < V) bi = (bi == 0x7fffffff ? 0 : bi) + a; /* as argmax_part_kernel's */
-        part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + blockIdx.y] = kd_cu_argpart{bv, bi};
-    }
-}
-
-int g_argmax_form; /* kd_cu_sample_argmax_form: 0 argmax_deep_kernel, 1 argmax_part_kernel */
-
 __global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits, int32_t V, int64_t m0,
                                                              const kd_cu_spos *pos, kd_cu_sres *res,
                                                              const kd_cu_argpart *part) {
@@ -376,19 +317,11 @@ cudaError_t kd_cu_sample_positions(const float *logits, int32_t vocab, int64_t m
                                    kd_cu_sres *res, kd_cu_argpart *part, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
     if (n > 0x7fffffff || vocab < 1) return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)n, KD_CU_ARG_SLICES);
-    const cudaError_t e =
-        g_argmax_form ? kd_launch_dep(argmax_part_kernel, grid, dim3(kThreads), 0, s, logits, vocab, m0, pos, part)
-                      : kd_launch_dep(argmax_deep_kernel, grid, dim3(kArgThreads), 0, s, logits, vocab, m0, pos, part);
+    const cudaError_t e = kd_launch_dep(argmax_part_kernel, dim3((unsigned)n, KD_CU_ARG_SLICES), dim3(kThreads), 0, s,
+                                        logits, vocab, m0, pos, part);
     if (e != cudaSuccess) return e;
     return kd_launch_dep(positions_kernel, dim3((unsigned)n), dim3(kThreads), 0, s, logits, vocab, m0, pos, res,
                          (const kd_cu_argpart *)part);
-}
-
-int kd_cu_sample_argmax_form(int form) {
-    const int was = g_argmax_form;
-    if (form == 0 || form == 1) g_argmax_form = form;
-    return was;
 }
 
 cudaError_t kd_cu_sample_finish(const kd_cu_srow *rows, int n_rows, const kd_cu_spos *pos, const kd_cu_sres *res,

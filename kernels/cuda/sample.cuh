@@ -50,11 +50,6 @@ typedef struct kd_cu_argpart {
 cudaError_t kd_cu_sample_positions(const float *logits, int32_t vocab, int64_t m0, int64_t n,
                                    const kd_cu_spos *pos, kd_cu_sres *res, kd_cu_argpart *part, cudaStream_t s);
 
-// The slices' argmax kernel, process-wide: 0 (the default) blocks of 128 threads with all of a thread's
-// loads issued first, 1 the earlier blocks of 512 threads (the same results). Returns the form before;
-// another value changes nothing. Benchmarks.
-int kd_cu_sample_argmax_form(int form);
-
 // out: [n_rows][Tw + 2]: the row's tokens (accepted drafts, then the new token), then the
 // accepted count and the uniforms used.
 cudaError_t kd_cu_sample_finish(const kd_cu_srow *rows, int n_rows, const kd_cu_spos *pos,

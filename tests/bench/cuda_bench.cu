@@ -24,8 +24,6 @@
 //   results/logs/gnorm_h200_85b7682.log).
 //   KD_BENCH_KSPLIT=1 cuda_bench ...: only steps of 16-512 rows, o_proj and the down projection in KD_KSPLIT_NB
 //   (default 2) K slices at every row count (kd_cuda_set_ksplit) or whole, alternated over 5 rounds (printed only).
-//   KD_BENCH_ARGMAX=1 cuda_bench ...: steps of 1-128 requests, the sampling's slice argmax in blocks of 128 threads
-//   (the default) or of 512 (kd_cu_sample_argmax_form), alternated over 5 rounds (printed only).
 //   KD_BENCH_GU16=1 cuda_bench ...: only steps of 32-512 rows, gate|up's output in bf16 or fp32 (kd_cuda_set_gu_bf16),
 //   alternated over 5 rounds (printed only).
 //   KD_BENCH_PFROWS=1 cuda_bench ...: only steps of 4-128 requests, the L2 prefetch's mode 4 in steps of at most 2
@@ -74,7 +72,6 @@
 
 #include "kd/backend.h"
 #include "kernels/cuda/kda.cuh"
-#include "kernels/cuda/sample.cuh"
 extern "C" {
 #include "worker/engine.h"
 #include "worker/mkmodel.h"
@@ -411,17 +408,6 @@ int main(int argc, char **argv) {
         ab_rounds(be, VOC, "ksplit", pts, sizeof pts / sizeof pts[0], "whole", on, "whole", [](kd_backend *x, int m) {
             if (kd_cuda_set_ksplit(x, m ? nb : 1, 1, 512)) printf("ksplit: kd_cuda_set_ksplit(%d) refused\n", nb);
         });
-        kd_engine_free(e);
-        kd_backend_free(be);
-        return 0;
-    }
-    if (getenv("KD_BENCH_ARGMAX")) { /* the slices' argmax kernel: blocks of 128 threads (default) or 512 */
-        const int pts[][2] = {{1, 0}, {1, 3}, {8, 3}, {32, 0}, {32, 3}, {128, 0}, {128, 3}};
-        ab_rounds(be, VOC, "argmax", pts, sizeof pts / sizeof pts[0], "512 threads", "128 threads", "512",
-                  [](kd_backend *x, int m) {
-                      kd_cu_sample_argmax_form(m ? 0 : 1);
-                      kd_cuda_set_pdl(x, 1); /* as it is (on); drops the graphs, which hold the kernel */
-                  });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
