@@ -42,8 +42,9 @@
 //     copy in the input projection's epilogue, the conv in f_proj.1 + g_proj.1's launch and the
 //     conv of q and k in the KDA prepare's kernel (kd_cuda_set_fuse) against their own kernels, and
 //     for gate|up and SwiGLU in one launch (kd_cuda_set_swiglu) against two;
-//     that kernel (kd_cu_conv_prepare, with kd_cu_conv4 for the v channels) also alone against
-//     the conv and kd_kda_prepare, bit for bit, on fresh random inputs of five head shapes.
+//     that kernel (kd_cu_conv_prepare, with kd_cu_conv4 for the v channels; both of its forms, the
+//     taps in registers and in shared memory) also alone against the conv and kd_kda_prepare, bit
+//     for bit, on fresh random inputs of five head shapes.
 //     The skinny kernel's pairs (kd_cu_gemm_skinny_pair), every form that pairs, against
 //     float64 references.
 // (h) The cuBLASLt products (gemm_lt.cuh) against a float64 reference: odd shapes, padded
@@ -1314,7 +1315,7 @@ static bool to_dev(void **d, const std::vector<T> &h) {
 // ring position (histories and records wrapping around), outputs poisoned alike beforehand.
 // Compared: v, qn, kn, qk, decay, beta and the rings (no poison left: every record written); a
 // mismatch names the array, element and both values.
-static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int early, uint64_t seed) {
+static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int early, int form, uint64_t seed) {
     Rng r(seed);
     const int NS = 8, TW = 4, W = 4, RN = W - 1 + TW;
     const int64_t QK = (int64_t)H * K, VD = (int64_t)HV * V, C = 2 * QK + VD, P = (C + HV + 3) / 4 * 4;
@@ -1375,7 +1376,7 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         cv = cb, cv.c0 = 2 * QK;
         fused4 = kd_cu_conv_prepare_ok(&cb, &pa) && kd_cu_conv4_ok(&cv);
         if (e == cudaSuccess && fused4) e = kd_cu_conv4(&cv, 0);
-        if (e == cudaSuccess && fused4) e = kd_cu_conv_prepare(&cb, &pa, 0);
+        if (e == cudaSuccess && fused4) e = kd_cu_conv_prepare_form(&cb, &pa, form, 0);
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
         ok = e == cudaSuccess && fused4;
     }
@@ -1398,10 +1399,10 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         }
     }
     report(ok && bad == 0 && unwritten == 0,
-           "[conv + prepare kernel H=%d HV=%d K=%d V=%d N=%lld%s%s%s] against the kernels apart, bit for bit: %s, "
-           "%zu elements differ%s, %zu ring entries unwritten",
+           "[conv + prepare kernel H=%d HV=%d K=%d V=%d N=%lld%s%s%s, taps in %s] against the kernels apart, bit for "
+           "bit: %s, %zu elements differ%s, %zu ring entries unwritten",
            H, HV, K, V, (long long)N, use_lb ? " lower-bound gate" : "", neg ? " negative eigenvalues" : "",
-           early ? " early loads" : "",
+           early ? " early loads" : "", form == 1 ? "registers" : "shared memory",
            ok ? "ran" : !fused4 && e == cudaSuccess ? "shape refused" : cudaGetErrorString(e),
            bad, what.c_str(), unwritten);
     for (auto &o : outs) cudaFree(o.d[0]), cudaFree(o.d[1]);
@@ -1413,7 +1414,9 @@ static void conv_prep_checks(uint64_t seed) {
     const int shapes[][4] = {{2, 4, 32, 64}, {1, 1, 128, 128}, {2, 2, 64, 64}, {4, 4, 4, 8}, {3, 6, 16, 32}};
     int i = 0;
     for (const auto &sh : shapes)
-        for (int v = 0; v < 3; v++, i++) conv_prep_case(sh[0], sh[1], sh[2], sh[3], v == 1, v == 2, v != 0, seed + i);
+        for (int v = 0; v < 3; v++, i++)
+            for (int form = 1; form <= 2; form++) /* both forms of the one kernel (kd_cu_conv_prepare_form) */
+                conv_prep_case(sh[0], sh[1], sh[2], sh[3], v == 1, v == 2, v != 0, form, seed + i);
 }
 
 // kd_cu_gemm_skinny against a float64 reference on fresh random bf16 inputs: each output

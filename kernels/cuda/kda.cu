@@ -17,19 +17,10 @@ __device__ __forceinline__ size_t kda_sstride(const kd_kda_args &a) {
 
 constexpr int kThreads = 128;
 
-// Asynchronous copies global -> shared (all of a block's staging in flight at once, with
-// the state's loads; no registers held): 16 bytes when both ends allow it, else 4.
-__device__ __forceinline__ void cp_async4(float *dst, const float *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
+// Asynchronous copies global -> shared (launch.cuh's cp_async*: all of a block's staging in
+// flight at once, with the state's loads; no registers held): 16 bytes when both ends allow it, else 4.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 template <int R>
 __device__ __forceinline__ float group_sum(float x) {

@@ -101,10 +101,11 @@ struct norm_add {
     int64_t pstride; // elements from one slice to the next
 };
 
+// The kernel's body (rmsnorm_kernel, and rmsnorm_add_wide_kernel for the residual's slices).
 template <class Y, bool ADD>
-__global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows, int64_t D,
-                               const float *__restrict__ w, double eps, unsigned nm, const char *pf, int64_t pf_bytes,
-                               norm_add ad) {
+__device__ __forceinline__ void rmsnorm_row(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows,
+                                            int64_t D, const float *__restrict__ w, double eps, unsigned nm,
+                                            const char *pf, int64_t pf_bytes, norm_add ad) {
     if (blockIdx.x >= nm) { /* the prefetching blocks (kd_cu_rmsnorm's pf_blocks) */
         prefetch_share(pf, pf_bytes, blockIdx.x - nm, gridDim.x - nm);
         return;
@@ -121,11 +122,21 @@ __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, c
         float *xa = ad.x + m * D;
 #pragma unroll
         for (int u = 0; u < U; u++) v0[u] = i0 + u * nt < D ? xa[i0 + u * nt] : 0.f;
-        for (int p = 0; p < ad.np; p++) {
+        for (int p = 0; p < ad.np; p += 2) { /* two slices' loads in flight together, added in order */
             const float *pr = ad.parts + p * ad.pstride + m * D;
+            const bool two = p + 1 < ad.np;
+            float s0[U], s1[U];
 #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (i0 + u * nt < D) v0[u] += __ldg(pr + i0 + u * nt);
+            for (int u = 0; u < U; u++) {
+                const bool in = i0 + u * nt < D;
+                s0[u] = in ? __ldg(pr + i0 + u * nt) : 0.f;
+                s1[u] = in && two ? __ldg(pr + ad.pstride + i0 + u * nt) : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                v0[u] += s0[u];
+                if (two) v0[u] += s1[u];
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -158,6 +169,25 @@ __global__ void rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x, c
         for (int u = 0; u < U; u++)
             if (i1 + u * nt < D) yr[i1 + u * nt] = from_f32<Y>(v[u] * r * g[u]);
     }
+}
+
+// Blocks of up to 1024 threads (rmsnorm_threads): at most 64 registers.
+template <class Y, bool ADD>
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(Y *__restrict__ y, const float *__restrict__ x,
+                                                       const int32_t *rows, int64_t D, const float *__restrict__ w,
+                                                       double eps, unsigned nm, const char *pf, int64_t pf_bytes,
+                                                       norm_add ad) {
+    rmsnorm_row<Y, ADD>(y, x, rows, D, w, eps, nm, pf, pf_bytes, ad);
+}
+// The same for the residual's slices with the registers the compiler chooses (119 at sm_90): both slices'
+// loads in flight at once, where the 64-register form loads one slice after the other (measured on an H200:
+// 48B steps at 16-128 rows 0.4-0.9 % faster). kd_cu_rmsnorm_add takes it where its blocks fit
+// (cudaFuncGetAttributes' maxThreadsPerBlock), the 64-register form for wider rows.
+template <class Y>
+__global__ void rmsnorm_add_wide_kernel(Y *__restrict__ y, const float *__restrict__ x, const int32_t *rows,
+                                        int64_t D, const float *__restrict__ w, double eps, unsigned nm,
+                                        const char *pf, int64_t pf_bytes, norm_add ad) {
+    rmsnorm_row<Y, true>(y, x, rows, D, w, eps, nm, pf, pf_bytes, ad);
 }
 
 template <class Y>
@@ -219,20 +249,21 @@ __device__ __forceinline__ void conv4_load(const kd_cu_conv_args &a, const int64
     }
 }
 
-// From conv4_load's values and the taps tp[s][i] (channel ch[s] + i's 4, the last the current
-// input's): y[s][i] the conv + SiLU (conv.cuh's order: the same bits); a verify row's inputs go to
-// its records.
-template <int NS>
-__device__ __forceinline__ void conv4_out(const kd_cu_conv_args &a, const int64_t (&ch)[NS], const float4 (&tp)[NS][4],
+// From conv4_load's values and the taps tap(s, i) (channel ch[s] + i's 4, the last the current
+// input's; from registers or shared memory, each as it is used): y[s][i] the conv + SiLU (conv.cuh's
+// order: the same bits); a verify row's inputs go to its records.
+template <int NS, typename Taps>
+__device__ __forceinline__ void conv4_out(const kd_cu_conv_args &a, const int64_t (&ch)[NS], Taps tap,
                                           const kd_cu_tok &tk, const float4 (&xt)[NS],
                                           const float (&hx)[NS][4][kConv4Hw], float (&y)[NS][4]) {
 #pragma unroll
     for (int s = 0; s < NS; s++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float acc = kd_conv_first(f4at(tp[s][i], 3), f4at(xt[s], i));
+            const float4 w = tap(s, i);
+            float acc = kd_conv_first(w.w, f4at(xt[s], i));
 #pragma unroll
-            for (int j = 0; j < kConv4Hw; j++) acc = kd_conv_add(acc, f4at(tp[s][i], j), hx[s][i][j]);
+            for (int j = 0; j < kConv4Hw; j++) acc = kd_conv_add(acc, f4at(w, j), hx[s][i][j]);
             y[s][i] = kd_silu_(acc);
         }
     if (tk.vring & 1)
@@ -263,7 +294,7 @@ __global__ void __launch_bounds__(128) conv4_kernel(const kd_cu_conv_args a) {
         if (a.early && t == (int64_t)blockIdx.y) kd_dep_start();
         if (live) {
             float y[1][4];
-            conv4_out<1>(a, ch, tp, tk, xt, hx, y);
+            conv4_out<1>(a, ch, [&](int s, int i) { return tp[s][i]; }, tk, xt, hx, y);
             float *dst = c < a.QK ? a.q + t * a.QK + c : c < 2 * a.QK ? a.k + t * a.QK + (c - a.QK)
                                                                      : a.v + t * a.VD + (c - 2 * a.QK);
             st4(dst, make_float4(y[0][0], y[0][1], y[0][2], y[0][3]));
@@ -271,7 +302,18 @@ __global__ void __launch_bounds__(128) conv4_kernel(const kd_cu_conv_args a) {
     }
 }
 
-__global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args a, const kd_cu_prep_args p) {
+// A warp a token and key head, a block 4 tokens of one head. Two forms, the same arithmetic (the same bits):
+// SM false holds the head's taps in registers, loaded first (102 registers at sm_90: 4 blocks an SM); SM true
+// puts them and the first value head's dt_bias in shared memory by asynchronous copies (no registers held), each
+// read as it is used, and fits 64 registers (8 blocks an SM). kd_cu_conv_prepare takes the first where its
+// grid fits the device at once, the second past that: at 128 rows (1024 blocks) the first ran in two waves on
+// an H200's 132 SMs (13.1 us a layer in the 48B step at 86c77fd, ncu; the second 11.5), while at 64 rows the
+// second made the step 0.6-0.9 % slower (a barrier and shared-memory reads on each warp's path).
+template <bool SM>
+__global__ void __launch_bounds__(128, SM ? 8 : 1)
+    conv_prepare_kernel(const kd_cu_conv_args a, const kd_cu_prep_args p) {
+    __shared__ __align__(16) float tps[SM ? 2 : 1][SM ? 128 * 4 : 4]; /* [q | k][channel][tap] (K <= 128) */
+    __shared__ __align__(16) float dts[SM ? 128 : 4];
     const int h = blockIdx.y, lane = threadIdx.x % 32, K = p.K, H = p.H, HV = p.HV, R = HV / H, hv0 = h * R;
     const int c = 4 * lane;
     const bool live = c < K;
@@ -279,13 +321,22 @@ __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args
     const bool tok = t < a.N;
     const int64_t ch[2] = {(int64_t)h * K + c, a.QK + (int64_t)h * K + c};
     const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    // taps (never written): tp[s][i] the 4 taps of channel ch[s] + i, the last the current input's
-    float4 tp[2][4];
+    // taps and dt_bias (never written): in flight before the programmatic wait. tp[s][i]: the 4 taps of
+    // channel ch[s] + i, the last the current input's (SM false)
+    float4 tp[2][4], dtb0 = z4;
+    if constexpr (SM) {
+        for (int i = threadIdx.x; i < 2 * K; i += blockDim.x)
+            cp_async16(&tps[i / K][i % K * 4], a.w + ((i / K) * a.QK + (int64_t)h * K + i % K) * 4);
+        for (int i = threadIdx.x; i < K / 4; i += blockDim.x)
+            cp_async16(dts + 4 * i, p.dt_bias + (int64_t)hv0 * K + 4 * i);
+        cp_async_commit();
+    } else {
 #pragma unroll
-    for (int s = 0; s < 2; s++)
+        for (int s = 0; s < 2; s++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) tp[s][i] = live ? ld4(a.w + (ch[s] + i) * 4) : z4;
-    const float4 dtb0 = live ? ld4(p.dt_bias + (int64_t)hv0 * K + c) : z4;
+            for (int i = 0; i < 4; i++) tp[s][i] = live ? ld4(a.w + (ch[s] + i) * 4) : z4;
+        dtb0 = live ? ld4(p.dt_bias + (int64_t)hv0 * K + c) : z4;
+    }
     const bool gearly = a.early && p.graw_early, lt = live && tok;
     float4 gz = z4, xt[2] = {z4, z4};
     float hx[2][4][kConv4Hw] = {}; /* history j of channel ch[s] + i */
@@ -301,15 +352,25 @@ __global__ void __launch_bounds__(128) conv_prepare_kernel(const kd_cu_conv_args
     if (lt) conv4_load<2>(a, ch, t, tk, xt, hx);
     if (a.early) kd_dep_start();
     if (!gearly && lt) gz = ld4(grow);
+    if constexpr (SM) {
+        cp_async_wait();
+        __syncthreads();
+    }
     // the conv + SiLU (conv.cuh's order), the records of a verify row's inputs
     float y[2][4] = {};
-    if (lt) conv4_out<2>(a, ch, tp, tk, xt, hx, y);
+    if (lt) {
+        if constexpr (SM)
+            conv4_out<2>(a, ch, [&](int s, int i) { return *(const float4 *)&tps[s][(c + i) * 4]; }, tk, xt, hx, y);
+        else
+            conv4_out<2>(a, ch, [&](int s, int i) { return tp[s][i]; }, tk, xt, hx, y);
+    }
     // decays and betas of the value heads hv0 .. hv0 + R - 1
     for (int r = 0; r < R && tok; r++) {
         const int hv = hv0 + r;
         const float A = expf(p.A_log[hv]);
         if (live) {
-            const float4 dtb = r ? ld4(p.dt_bias + (int64_t)hv * K + c) : dtb0, g = r ? ld4(grow + r * K) : gz;
+            const float4 dtb = r ? ld4(p.dt_bias + (int64_t)hv * K + c) : SM ? *(const float4 *)&dts[c] : dtb0;
+            const float4 g = r ? ld4(grow + r * K) : gz;
             const int lb = p.use_lb;
             st4(p.decay + (t * HV + hv) * K + c,
                 make_float4(kd_prep_decay(g.x + dtb.x, A, lb, p.lb), kd_prep_decay(g.y + dtb.y, A, lb, p.lb),
@@ -555,6 +616,12 @@ static int64_t prefetch_blocks(const void *pf, int64_t pf_bytes, int pf_blocks) 
     return pf_bytes > 0 ? pf_blocks : 0;
 }
 
+// The most threads a block of kernel f may have (its registers), 0 where the runtime does not say.
+static int max_threads(const void *f) {
+    cudaFuncAttributes at;
+    return cudaFuncGetAttributes(&at, f) == cudaSuccess ? at.maxThreadsPerBlock : 0;
+}
+
 cudaError_t kd_cu_rmsnorm(int out_bf16, void *y, const float *x, const int32_t *rows, int64_t M, int64_t D,
                           const float *w, double eps, cudaStream_t s, const void *pf, int64_t pf_bytes, int pf_blocks) {
     if (M <= 0) return cudaSuccess;
@@ -580,12 +647,17 @@ cudaError_t kd_cu_rmsnorm_add(int out_bf16, void *y, float *x, const float *part
     const dim3 block(rmsnorm_threads(D)), grid((unsigned)(M + pb));
     const norm_add ad = {x, parts, np, M * D};
     /* x is read through ad.x alone (the kernel's x, restrict-qualified and read-only, unused) */
-    if (out_bf16)
-        return kd_launch_dep(rmsnorm_kernel<__nv_bfloat16, true>, grid, block, 0, s, (__nv_bfloat16 *)y,
-                             (const float *)nullptr, (const int32_t *)nullptr, D, w, eps, (unsigned)M,
-                             (const char *)pf, pf_bytes, ad);
-    return kd_launch_dep(rmsnorm_kernel<float, true>, grid, block, 0, s, (float *)y, (const float *)nullptr,
-                         (const int32_t *)nullptr, D, w, eps, (unsigned)M, (const char *)pf, pf_bytes, ad);
+    if (out_bf16) {
+        static const int wide = max_threads((const void *)rmsnorm_add_wide_kernel<__nv_bfloat16>);
+        return kd_launch_dep((int)block.x <= wide ? rmsnorm_add_wide_kernel<__nv_bfloat16>
+                                                  : rmsnorm_kernel<__nv_bfloat16, true>,
+                             grid, block, 0, s, (__nv_bfloat16 *)y, (const float *)nullptr, (const int32_t *)nullptr,
+                             D, w, eps, (unsigned)M, (const char *)pf, pf_bytes, ad);
+    }
+    static const int wide = max_threads((const void *)rmsnorm_add_wide_kernel<float>);
+    return kd_launch_dep((int)block.x <= wide ? rmsnorm_add_wide_kernel<float> : rmsnorm_kernel<float, true>, grid,
+                         block, 0, s, (float *)y, (const float *)nullptr, (const int32_t *)nullptr, D, w, eps,
+                         (unsigned)M, (const char *)pf, pf_bytes, ad);
 }
 
 cudaError_t kd_cu_copy_cols(int out_bf16, void *dst, const float *src, int64_t N, int64_t ld, int64_t off,
@@ -616,6 +688,23 @@ cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
 
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// How many blocks of `threads` (no dynamic shared memory) of kernel f the current device holds at once
+// (blocks an SM x SMs), a device's first answer kept (0 where the runtime does not say).
+static int64_t fits_at_once(const void *f, int threads) {
+    constexpr int kDevs = 64;
+    static int64_t known[kDevs];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+    if (dev < kDevs && known[dev] > 0) return known[dev];
+    int per_sm = 0, sms = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+    const int64_t n = (int64_t)per_sm * sms;
+    if (dev < kDevs) known[dev] = n;
+    return n;
+}
+
 int kd_cu_conv_prepare_ok(const kd_cu_conv_args *a, const kd_cu_prep_args *p) {
     const int64_t C = 2 * a->QK + a->VD;
     return p->K >= 4 && p->K <= 128 && p->K % 4 == 0 && p->H >= 1 && p->H <= 65535 && p->HV % p->H == 0 &&
@@ -639,12 +728,20 @@ cudaError_t kd_cu_conv4(const kd_cu_conv_args *a, cudaStream_t s) {
     return kd_launch_dep(conv4_kernel, dim3((unsigned)x, (unsigned)y), dim3(128), 0, s, *a);
 }
 
-cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s) {
+cudaError_t kd_cu_conv_prepare_form(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int form,
+                                    cudaStream_t s) {
     if (conv->N <= 0) return cudaSuccess;
-    if (!kd_cu_conv_prepare_ok(conv, p)) return cudaErrorInvalidValue;
+    if (!kd_cu_conv_prepare_ok(conv, p) || form < 0 || form > 2) return cudaErrorInvalidValue;
     const int64_t blocks = (conv->N + 3) / 4; /* a token a warp */
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    return kd_launch_dep(conv_prepare_kernel, dim3((unsigned)blocks, (unsigned)p->H), dim3(128), 0, s, *conv, *p);
+    const dim3 grid((unsigned)blocks, (unsigned)p->H);
+    if (form == 1 || (form == 0 && blocks * p->H <= fits_at_once((const void *)conv_prepare_kernel<false>, 128)))
+        return kd_launch_dep(conv_prepare_kernel<false>, grid, dim3(128), 0, s, *conv, *p);
+    return kd_launch_dep(conv_prepare_kernel<true>, grid, dim3(128), 0, s, *conv, *p);
+}
+
+cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s) {
+    return kd_cu_conv_prepare_form(conv, p, 0, s);
 }
 
 cudaError_t kd_cu_conv_ring_fill(const kd_cu_fold *folds, int n_folds, int64_t C, int W, float *hist, int R,

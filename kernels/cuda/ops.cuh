@@ -134,6 +134,10 @@ int kd_cu_conv_prepare_ok(const kd_cu_conv_args *conv, const kd_cu_prep_args *p)
 int kd_cu_conv4_ok(const kd_cu_conv_args *conv);
 cudaError_t kd_cu_conv4(const kd_cu_conv_args *conv, cudaStream_t s);
 cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s);
+// The same with its form named (tests): 0 as kd_cu_conv_prepare (the first where the device holds the whole grid
+// at once, else the second), 1 the head's taps in registers, 2 in shared memory (fewer registers: more blocks an SM).
+cudaError_t kd_cu_conv_prepare_form(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int form,
+                                    cudaStream_t s);
 
 // Prefill rows' last inputs into their slots' history rings (kd_cu_fold), one thread per
 // (row, channel): run after the row's conv, which read the entries these overwrite.

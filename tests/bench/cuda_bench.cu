@@ -39,6 +39,8 @@
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
+//   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
+//   each, their medians (printed only): two builds run alternately in one session compare their kernels.
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -408,6 +410,20 @@ int main(int argc, char **argv) {
         ab_rounds(be, VOC, "ksplit", pts, sizeof pts / sizeof pts[0], "whole", on, "whole", [](kd_backend *x, int m) {
             if (kd_cuda_set_ksplit(x, m ? nb : 1, 1, 512)) printf("ksplit: kd_cuda_set_ksplit(%d) refused\n", nb);
         });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_STEPS")) { /* this build's steps, for a comparison between builds */
+        static std::vector<int32_t> rec(128, 0);
+        const int pts[][2] = {{1, 0}, {1, 3}, {4, 3}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
+        for (const auto &pt : pts) {
+            std::vector<double> t;
+            for (int r = 0; r < 5; r++) t.push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+            std::sort(t.begin(), t.end());
+            printf("steps: B=%d s=%d (%d rows) step %.3f ms (median of 5 rounds of 20; %.3f-%.3f)\n", pt[0], pt[1],
+                   pt[0] * (1 + pt[1]), t[2], t[0], t[4]);
+        }
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
