@@ -1717,6 +1717,15 @@ __global__ void hash_fill_kernel(uint16_t *p, int64_t rows, int64_t cols, int64_
 // every output of C finite, its padding untouched. nb > 1: through kd_cu_lt_gemm_split instead (nb K
 // slices, C nb dense blocks of [M][N], beta 0, pad 0 for C), the slices' sum checked as above.
 // c16: through kd_cu_lt_gemm_bf16 (C bf16, beta 0), within 2^-8 of the output more (its rounding).
+// A device array of out.size() fp32 (bf16 = 0) or bf16 (bf16 = 1) values back into out as fp32.
+static bool fetch_f32(std::vector<float> &out, const void *d, int bf16) {
+    if (!bf16) return cudaMemcpy(out.data(), d, out.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    std::vector<uint16_t> h(out.size());
+    if (cudaMemcpy(h.data(), d, h.size() * 2, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    for (size_t i = 0; i < h.size(); i++) out[i] = (float)from_bf16_bits(h[i]);
+    return true;
+}
+
 static void lt_case(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int pad, float beta, uint64_t seed, int samples,
                     const char *what, void *ws, int nb = 1, bool c16 = false) {
     const int64_t lda = K + pad, ldw = K + pad, ldc = nb > 1 ? N : N + pad, nc = M * ldc * nb;
@@ -1743,13 +1752,7 @@ static void lt_case(kd_cu_lt *lt, int64_t M, int64_t N, int64_t K, int pad, floa
         ok = st == CUBLAS_STATUS_SUCCESS && cudaDeviceSynchronize() == cudaSuccess;
     }
     std::vector<float> c(c0.size());
-    if (ok && c16) {
-        std::vector<uint16_t> ch(c0h.size());
-        ok = cudaMemcpy(ch.data(), dc, ch.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
-        for (size_t i = 0; i < ch.size(); i++) c[i] = (float)from_bf16_bits(ch[i]);
-    } else if (ok) {
-        ok = cudaMemcpy(c.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
-    }
+    if (ok) ok = fetch_f32(c, dc, c16);
     double worst = 0;
     size_t bad = 0, nonfinite = 0, pad_touched = 0, checked = 0;
     if (ok) {
@@ -1811,13 +1814,7 @@ static void norm_add_case(int64_t M, int64_t D, int np, int bf, uint64_t seed) {
     }
     std::vector<float> xg(x.size()), yg(y0.size());
     if (ok) ok = cudaMemcpy(xg.data(), dx, xg.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
-    if (ok && bf) {
-        std::vector<uint16_t> yh(y0h.size());
-        ok = cudaMemcpy(yh.data(), dy, yh.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
-        for (size_t i = 0; i < yh.size(); i++) yg[i] = (float)from_bf16_bits(yh[i]);
-    } else if (ok) {
-        ok = cudaMemcpy(yg.data(), dy, yg.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
-    }
+    if (ok) ok = fetch_f32(yg, dy, bf);
     size_t x_diff = 0, y_bad = 0, touched = 0;
     double worst = 0;
     const double tol = bf ? 1e-2 : 1e-5;
