@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include <atomic>
+
 #include "kernels/cuda/conv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -688,20 +690,23 @@ cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
 
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-// How many blocks of `threads` (no dynamic shared memory) of kernel f the current device holds at once
-// (blocks an SM x SMs), a device's first answer kept (0 where the runtime does not say).
-static int64_t fits_at_once(const void *f, int threads) {
+// How many blocks of the conv + prepare kernel's register form the current device holds at once (blocks an SM x
+// SMs), each device's first answer kept (0 where the runtime does not say).
+static int64_t conv_prep_fits() {
     constexpr int kDevs = 64;
-    static int64_t known[kDevs];
+    static std::atomic<int64_t> known[kDevs]; /* forwards of backends on other threads may ask at once */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-    if (dev < kDevs && known[dev] > 0) return known[dev];
+    if (dev < kDevs) {
+        const int64_t k = known[dev].load(std::memory_order_relaxed);
+        if (k > 0) return k;
+    }
     int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, conv_prepare_kernel<false>, 128, 0) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return 0;
     const int64_t n = (int64_t)per_sm * sms;
-    if (dev < kDevs) known[dev] = n;
+    if (dev < kDevs) known[dev].store(n, std::memory_order_relaxed);
     return n;
 }
 
@@ -735,7 +740,7 @@ cudaError_t kd_cu_conv_prepare_form(const kd_cu_conv_args *conv, const kd_cu_pre
     const int64_t blocks = (conv->N + 3) / 4; /* a token a warp */
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)blocks, (unsigned)p->H);
-    if (form == 1 || (form == 0 && blocks * p->H <= fits_at_once((const void *)conv_prepare_kernel<false>, 128)))
+    if (form == 1 || (form == 0 && blocks * p->H <= conv_prep_fits()))
         return kd_launch_dep(conv_prepare_kernel<false>, grid, dim3(128), 0, s, *conv, *p);
     return kd_launch_dep(conv_prepare_kernel<true>, grid, dim3(128), 0, s, *conv, *p);
 }
