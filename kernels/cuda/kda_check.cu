@@ -340,7 +340,7 @@ int main(int argc, char **argv) {
      * sanitizers) */
     const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
     const bool only_new = only != 0;
-    /* KD_KDA_PROFILE=B,T (for a profiler): no checks, the benchmark at that one size */
+    /* KD_KDA_PROFILE=B,T (for a profiler, or a size off the table's list): no checks, the benchmark at that one size */
     int prof_b = 0, prof_t = 0;
     if (getenv("KD_KDA_PROFILE") && sscanf(getenv("KD_KDA_PROFILE"), "%d,%d", &prof_b, &prof_t) != 2) prof_b = 0;
     for (const Cfg &c : cfgs) {
@@ -384,12 +384,13 @@ int main(int argc, char **argv) {
     // ------------------------------------------------------------------- bench
     const int HV = 32, K = 128, V = 128, H = 32, Tw = 8;
     const size_t per = (size_t)HV * K * V; // floats per state (2 MiB)
-    const int Bs[] = {1, 8, 32, 64, 128, 256, 512}, Ts[] = {1, 2, 4, 8};
+    std::vector<int> Bs = {1, 8, 32, 64, 128, 256, 512};
+    const int Ts[] = {1, 2, 4, 8};
+    if (prof_b) Bs = {prof_b}; /* KD_KDA_PROFILE: that size, in the list or not */
     std::vector<Res> res;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     for (int B : Bs) {
-        if (prof_b && B != prof_b) continue;
         // enough "layers" that their states exceed the L2 several times over
         const size_t bytes_layer = (size_t)B * per * 4;
         const int L = std::max(1, std::min(64, (int)((256ull << 20) / bytes_layer)));
