@@ -340,9 +340,15 @@ int main(int argc, char **argv) {
      * sanitizers) */
     const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
     const bool only_new = only != 0;
-    /* KD_KDA_PROFILE=B,T (for a profiler, or a size off the table's list): no checks, the benchmark at that one size */
+    /* KD_KDA_PROFILE=B,T (for a profiler, or a size off the table's list): no checks, the benchmark at that one
+     * size; B in 1..1024, T in 1..8, else refused */
     int prof_b = 0, prof_t = 0;
-    if (getenv("KD_KDA_PROFILE") && sscanf(getenv("KD_KDA_PROFILE"), "%d,%d", &prof_b, &prof_t) != 2) prof_b = 0;
+    if (const char *pe = getenv("KD_KDA_PROFILE")) {
+        if (sscanf(pe, "%d,%d", &prof_b, &prof_t) != 2 || prof_b < 1 || prof_b > 1024 || prof_t < 1 || prof_t > 8) {
+            fprintf(stderr, "kda_check: KD_KDA_PROFILE=%s: want B,T with B in 1..1024 and T in 1..8\n", pe);
+            return 2;
+        }
+    }
     for (const Cfg &c : cfgs) {
         if (prof_b) break;
         if (only == 1 && c.split == 0) continue;
