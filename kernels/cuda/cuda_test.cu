@@ -883,10 +883,9 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // and SwiGLU in one launch (kd_cuda_set_swiglu) on the first, SwiGLU in its own kernel on the second.
 // Variant 14: the one-pass KDA verify at every batch size (kd_kda_split(3)) on both, its checkpoint
 // stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
-// the first, plain on the second, and its grid the blocks the device holds on the first, 2 blocks taking
-// every tile on the second (kd_kda_onepass_persist, likewise process-wide). Variant 15: the one-pass KDA
-// verify at every batch size on both; on the first the gated RMSNorm loads its gate before its
-// programmatic wait (kd_cuda_set_gnorm_early), on the second after it. Variant 16: as variant 0 (graphs on the first, off on the second) with bf16
+// the first, plain on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
+// the first the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early),
+// on the second after it. Variant 16: as variant 0 (graphs on the first, off on the second) with bf16
 // activations, o_proj and the down projection in 2 K slices on both at every row count (kd_cuda_set_ksplit),
 // gate|up's output in bf16 (kd_cuda_set_gu_bf16) and cuBLAS for every product (the skinny kernel off).
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
@@ -956,14 +955,14 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         kd_backend_free(be[0]), kd_backend_free(be[1]);
         return;
     }
-    /* variant 14: the backend about to run decides the store hint and the grid (graphs capture what it picks);
+    /* variant 14: the backend about to run decides the store hint (graphs capture the kernel it picks);
      * variant 1: the second backend's slots read and written back (recorded: below) */
     const size_t sb = kd_backend_state_bytes(be[1]);
     std::vector<float> st(sb / 4 + 1);
     std::vector<int32_t> last(NS, 1), recorded(NS, 0);
     int64_t reads = 0, writes = 0, trip_fail = 0;
     auto hint = [&](int i) {
-        if (variant == 14) kd_kda_store_hint(i == 0), kd_kda_onepass_persist(i == 0 ? 1 : 2);
+        if (variant == 14) kd_kda_store_hint(i == 0);
         if (variant == 1 && i == 1)
             for (int32_t slot = 0; slot < NS; slot++) {
                 trip_fail += kd_backend_checkpoint_read(be[1], slot, st.data(), sb, &err) != 0, reads++;
@@ -1064,7 +1063,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
             rows_total++;
         }
     }
-    if (variant == 14) kd_kda_store_hint(hint0), kd_kda_onepass_persist(1), kd_kda_split(1);
+    if (variant == 14) kd_kda_store_hint(hint0), kd_kda_split(1);
     if (variant == 15) kd_kda_split(1);
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);

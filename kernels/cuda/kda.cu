@@ -1,8 +1,6 @@
 // kda.cu: the decode-time KDA kernels (see kda.cuh for the layouts, tiling and bytes).
 #include <cuda_runtime.h>
 #include <math.h>
-
-#include <atomic>
 #include <stdint.h>
 
 #include "kernels/cuda/kda.cuh"
@@ -1366,188 +1364,144 @@ __device__ __forceinline__ void cc_window(const float (&s)[KT][4], const float *
     }
 }
 
-// The state tile of tile `tile` (row, value head, 128 value columns; kd_kda_verify's grid
-// order: column tiles, then heads, then rows) and the fold's corrections, as two groups of
-// asynchronous copies (the first K / 2 rows with the corrections, then the other half),
-// and the window's v as a third: v is read only by the solve, so in the persistent form the
-// next tile's v can be issued after the solve, while the state and corrections are issued
-// before it (the two tiles' v never share the buffer).
-template <int K>
-__device__ __forceinline__ void onepass_issue(const kd_kda_args &a, int tile, float *st, float *su) {
-    constexpr int CB = 128, UP = CB + 8, NTH = 256;
-    const int ncb = (a.V + CB - 1) / CB, V = a.V, tid = threadIdx.x;
-    const kd_kda_row row = a.rows[tile / (ncb * a.HV)];
-    const int h = tile / ncb % a.HV, j0 = tile % ncb * CB, F = row.fold;
-    const size_t slot = (size_t)row.slot;
-    const float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
-    tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
-    for (int i = tid; i < F * CB; i += NTH) {
-        const int t = i / CB, jj = i % CB;
-        if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * a.Tw + t) * a.HV + h) * V + j0 + jj);
-        else su[t * UP + jj] = 0.f;
-    }
-    cp_async_commit();
-    tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
-    cp_async_commit();
-}
-template <int K>
-__device__ __forceinline__ void onepass_issue_v(const kd_kda_args &a, int tile, float *sv) {
-    constexpr int CB = 128, NTH = 256;
-    const int ncb = (a.V + CB - 1) / CB, V = a.V, tid = threadIdx.x;
-    const kd_kda_row row = a.rows[tile / (ncb * a.HV)];
-    const int h = tile / ncb % a.HV, j0 = tile % ncb * CB;
-    for (int i = tid; i < row.len * CB; i += NTH) {
-        const int t = i / CB, jj = i % CB;
-        if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
-        else sv[i] = 0.f;
-    }
-    cp_async_commit();
-}
-
 __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
      * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
-// The grid: one block a tile, or (persistent, kd_kda_onepass_persist) as many blocks as the
-// device holds at once, each taking the tiles blockIdx.x, + gridDim.x, ...: once a tile's
-// state is in registers (the window product done), the block issues the next tile's state
-// and corrections into the shared memory it has left, and its v after the solve, so they
-// land while this tile's checkpoint stores drain and its solve runs, where a block of one
-// tile exits and a new block starts cold (a prologue of dependent loads before any compute).
-template <int K, int NT, int FR, bool CS> /* FR: the records' rows, Tw rounded up to 8 */
+template <int K, int NT, bool CS = false>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
     constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
-    const int V = a.V, Tw = a.Tw, ncb = (V + CB - 1) / CB, ntiles = ncb * a.HV * a.n_rows;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const kd_kda_row row = a.rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
+    const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int j0 = blockIdx.x * CB;
+    const size_t slot = (size_t)row.slot;
+    float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
     float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
-    int tile = blockIdx.x;
-    if (tile >= ntiles) return; /* never: the grid has at most a block a tile */
-    // (0) asynchronous copies: the state tile in two halves with the fold's corrections (folded and stored
-    // while the second half lands), then v
-    onepass_issue<K>(a, tile, st, su);
-    onepass_issue_v<K>(a, tile, sv);
+    // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
+    // corrections, v and beta, then its other half (folded and stored while that half lands)
+    tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
+    for (int i = tid; i < F * CB; i += NTH) {
+        const int t = i / CB, jj = i % CB;
+        if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
+        else su[t * UP + jj] = 0.f;
+    }
+    for (int i = tid; i < T * CB; i += NTH) {
+        const int t = i / CB, jj = i % CB;
+        if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
+        else sv[i] = 0.f;
+    }
+    cp_async_commit();
+    tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+    cp_async_commit();
     pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
     /* the kernel after may be scheduled once every block is here (the backend's gated RMSNorm: its blocks set
      * up during the last blocks of this one, and load their gate early). Measured with and without on an
      * H200 (with the norm's early gate, alternated rounds): 0.3-1.0 % faster 48B steps at B = 1-128
      * (tests/bench/results/logs/gnorm_h200_85b7682.log) */
     pdl_trigger();
-    for (;;) {
-        const kd_kda_row row = a.rows[tile / (ncb * a.HV)];
-        const int h = tile / ncb % a.HV, hk = h / (a.HV / a.H), T = row.len, F = row.fold, j0 = tile % ncb * CB;
-        const size_t slot = (size_t)row.slot;
-        float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
-        const int next = tile + gridDim.x;
-        /* beta, read by the solve (barriers later): loaded now, stored to shared memory after the prologue,
-         * so that its latency overlaps the records' loads instead of coming before them (the first warp's
-         * threads store it; a store right after the load kept that warp, and the block, one load longer) */
-        const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
-        // (1) the prologue, in two halves
-        const int c = tid % 128;
-        const bool act = c < K;
-        if (tid < 128) { /* the records (keys and decays): fold weights */
-            const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-            float kr[16], d[16];
+    /* beta, read by the solve (barriers later): loaded now, stored to shared memory after the prologue,
+     * so that its latency overlaps the records' loads instead of coming before them (the first warp's
+     * threads store it; a store right after the load kept that warp, and the block, one load longer) */
+    const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
+    // (1) the prologue, in two halves
+    const int c = tid % 128;
+    const bool act = c < K;
+    if (tid < 128) { /* the records (keys and decays): fold weights */
+        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
+        float kr[16], d[16];
 #pragma unroll
-            for (int t = 0; t < 16; t++) {
-                kr[t] = 0.f, d[t] = 1.f;
-                if (t < F && act) {
-                    const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-                    kr[t] = rk[c], d[t] = rk[K + c];
-                }
+        for (int t = 0; t < 16; t++) {
+            kr[t] = 0.f, d[t] = 1.f;
+            if (t < F && act) {
+                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+                kr[t] = rk[c], d[t] = rk[K + c];
             }
-            float p = 1.f;
+        }
+        float p = 1.f;
 #pragma unroll
-            for (int t = 15; t >= 0; t--)
-                if (t < F) {
-                    if (act) wf[t * KP + c] = kr[t] * p;
-                    p *= d[t];
-                }
-            if (act) cpF[c] = p;
-        } else { /* the window: decayed keys and queries, M and N; the new records */
-            float kw[8], qw[8], dw[8];
-            float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
-#pragma unroll
-            for (int t = 0; t < 8; t++) {
-                kw[t] = qw[t] = dw[t] = 0.f;
-                if (t < T && act) {
-                    const size_t n = (size_t)row.start + t;
-                    kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
-                    dw[t] = a.decay[(n * a.HV + h) * K + c];
-                }
+        for (int t = 15; t >= 0; t--)
+            if (t < F) {
+                if (act) wf[t * KP + c] = kr[t] * p;
+                p *= d[t];
             }
-            if (j0 == 0 && act)
+        if (act) cpF[c] = p;
+    } else { /* the window: decayed keys and queries, M and N; the new records */
+        float kw[8], qw[8], dw[8];
+        float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
 #pragma unroll
-                for (int t = 0; t < 8; t++)
-                    if (t < T) {
-                        float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-                        r[c] = kw[t], r[K + c] = dw[t];
-                    }
-            window_sums(kw, qw, dw, T, lane, red + warp * NR + 16);
-            float b = 1.f;
+        for (int t = 0; t < 8; t++) {
+            kw[t] = qw[t] = dw[t] = 0.f;
+            if (t < T && act) {
+                const size_t n = (size_t)row.start + t;
+                kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+                dw[t] = a.decay[(n * a.HV + h) * K + c];
+            }
+        }
+        if (blockIdx.x == 0 && act)
 #pragma unroll
             for (int t = 0; t < 8; t++)
                 if (t < T) {
-                    b *= dw[t];
-                    if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
+                    float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+                    r[c] = kw[t], r[K + c] = dw[t];
                 }
-        }
-        /* small folds and windows on the CUDA cores (cc_fold, cc_window) read only the rows they use;
-         * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
-        const bool ccf = F <= 2, ccw = T <= 2;
-        if (!ccf)
-            for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
-        if (!ccw)
-            for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
-        if (tid < T) sb[tid] = bload;
-        cp_async_wait2(); /* the first group: the state's first half and the corrections */
-        __syncthreads();
-        if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
-                           * (read by the solve, after two more barriers) */
-            const int t = c % 64 / 8, r = c % 8;
-            float x = 0.f;
-            if (r <= t && t < T) {
-                const int i = 16 + c / 64 * 64 + t * 8 + r;
-                x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
+        window_sums(kw, qw, dw, T, lane, red + warp * NR + 16);
+        float b = 1.f;
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < T) {
+                b *= dw[t];
+                if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
             }
-            M[c] = x; /* M and N are contiguous */
-        }
-        // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
-        // channels while the second lands), window product
-        const int vl = warp * 16 + 2 * g;
-        const bool live = j0 + vl < V;
-        float s[KT][4];
-        tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
-        if (F > 0) {
-            if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
-            else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
-            if (live) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
-        }
-        cp_async_wait();
-        __syncthreads();
-        tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
-        if (F > 0) {
-            if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
-            else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
-            if (live) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
-        }
-        if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
-        else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
-        __syncthreads();
-        /* the state tile and the corrections are read (every warp is past its fold): the next tile's */
-        if (next < ntiles) onepass_issue<K>(a, next, st, su);
-        // (3) per value column: the triangular solve
-        if (tid < CB && j0 + tid < V)
-            tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
-        if (next >= ntiles) break;
-        __syncthreads(); /* v, beta, P, M and N are read: the next tile's v, then its prologue */
-        onepass_issue_v<K>(a, next, sv);
-        tile = next;
     }
+    /* small folds and windows on the CUDA cores (cc_fold, cc_window) read only the rows they use;
+     * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
+    const bool ccf = F <= 2, ccw = T <= 2;
+    if (!ccf)
+        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+    if (!ccw)
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    if (tid < T) sb[tid] = bload;
+    cp_async_wait1();
+    __syncthreads();
+    if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
+                       * (read by the solve, after two more barriers) */
+        const int t = c % 64 / 8, r = c % 8;
+        float x = 0.f;
+        if (r <= t && t < T) {
+            const int i = 16 + c / 64 * 64 + t * 8 + r;
+            x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
+        }
+        M[c] = x; /* M and N are contiguous */
+    }
+    // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
+    // channels while the second lands), window product
+    const int vl = warp * 16 + 2 * g;
+    const bool live = j0 + vl < V;
+    float s[KT][4];
+    tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
+    if (F > 0) {
+        if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
+    }
+    cp_async_wait();
+    __syncthreads();
+    tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
+    if (F > 0) {
+        if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
+    }
+    if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
+    else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
+    __syncthreads();
+    // (3) per value column: the triangular solve
+    if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
 }
 
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
@@ -1698,53 +1652,16 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
  * 2.253; tests/bench/results/logs/hint_h200_d9b32a0.log) */
 int g_store_cs = 1;
 
-int g_onepass_persist = 1; /* kd_kda_onepass_persist */
-
-/* Blocks of f the device holds at once at 256 threads and sm bytes of shared memory (blocks an SM x SMs), kept
- * per device and size of shared memory (forwards on other threads may ask at once); 0: the runtime cannot say. */
-template <typename Fn>
-int64_t onepass_resident(Fn f, size_t sm) {
-    constexpr int kDevs = 16, kSizes = 4;
-    static std::atomic<int64_t> known[kDevs][kSizes]; /* (sm << 32) | blocks */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-    if (dev < kDevs)
-        for (auto &k : known[dev]) {
-            const int64_t x = k.load(std::memory_order_relaxed);
-            if (x && (size_t)(x >> 32) == sm) return x & 0xffffffff;
-        }
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 256, sm) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return 0;
-    const int64_t n = (int64_t)per_sm * sms;
-    if (dev < kDevs)
-        for (auto &k : known[dev]) {
-            int64_t z = 0;
-            if (k.compare_exchange_strong(z, (int64_t)sm << 32 | n)) break;
-        }
-    return n;
-}
-
-template <int K, int NT, int FR>
+template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
-    const size_t sm = (size_t)tc_onepass_smem(K, NT, FR) * sizeof(float);
-    auto f = g_store_cs ? verify_onepass_kernel<K, NT, FR, true> : verify_onepass_kernel<K, NT, FR, false>;
-    cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    if (e != cudaSuccess) return e;
-    const int64_t tiles = (int64_t)((a->V + 127) / 128) * a->HV * a->n_rows;
-    if (tiles > 0x7fffffff) return cudaErrorInvalidValue;
-    int64_t blocks = tiles;
-    if (g_onepass_persist > 1 && g_onepass_persist < blocks) blocks = g_onepass_persist; /* tests */
-    else if (g_onepass_persist == 1) {
-        const int64_t r = onepass_resident(f, sm);
-        if (r > 0 && r < blocks) blocks = r;
-    }
+    const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
+    auto f = g_store_cs ? verify_onepass_kernel<K, NT, true> : verify_onepass_kernel<K, NT, false>;
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
-        f<<<dim3((unsigned)blocks), 256, sm, s>>>(*a);
+        f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
         return cudaGetLastError();
     }
-    return kd_launch_dep(f, dim3((unsigned)blocks), dim3(256), sm, s, *a);
+    return kd_launch_dep(f, dim3((a->V + 127) / 128, a->HV, a->n_rows), dim3(256), sm, s, *a);
 }
 
 template <int K, int NW>
@@ -1764,9 +1681,7 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     const int nw = tc_warps(a);
     const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a);
     if (form == FORM_ONE_PASS)
-        return (int)(a->Tw > 8
-                         ? (max_len > 4 ? launch_verify_onepass<K, 2, 16>(a, s) : launch_verify_onepass<K, 1, 16>(a, s))
-                         : (max_len > 4 ? launch_verify_onepass<K, 2, 8>(a, s) : launch_verify_onepass<K, 1, 8>(a, s)));
+        return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
     if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* forced: the default from B = 32 until the records were prepared */
         return (int)(max_len > 4 ? launch_verify_split<K, 4, 2, 5, true>(a, s) : launch_verify_split<K, 4, 1, 6, true>(a, s));
     if (form == FORM_SPLIT) {
@@ -1839,11 +1754,6 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
-extern "C" int kd_kda_onepass_persist(int n) {
-    const int was = g_onepass_persist;
-    g_onepass_persist = n < 0 ? 0 : n;
-    return was;
-}
 extern "C" int kd_kda_store_hint(int on) {
     const int was = g_store_cs;
     g_store_cs = on != 0;

@@ -144,11 +144,6 @@ void kd_kda_onepass_pdl(int on);
 // The one-pass verify writes the folded checkpoint with evict-first stores (1, st.global.cs: the
 // default, see kda.cu) or plain ones (0; benchmarks and tests). Returns the setting it replaces.
 int kd_kda_store_hint(int on);
-// The one-pass verify's grid: as many blocks as the device holds at once, each taking tile after
-// tile and loading the next one's state while it finishes the last (1, the default; kda.cu), a
-// block a tile (0; benchmarks and tests), or at most n blocks (n >= 2; tests: many tiles a block
-// at any size). Returns the setting it replaces.
-int kd_kda_onepass_persist(int n);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

@@ -245,7 +245,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 struct Res {
     int B, T;
     double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us, fused_us, split_us, onepass_us, copyk_us,
-        half_us, op_plain_us, pso_us, op_order_us, op_tile_us;
+        half_us, op_plain_us, pso_us, op_order_us;
     double floor_us() const { return copy_us < copyk_us ? copy_us : copyk_us; }
 };
 
@@ -258,7 +258,6 @@ struct Timed {
     bool small_only; /* B <= 8 */
     ResField dst;
     const char *sweep;
-    int persist = 1; /* kd_kda_onepass_persist */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -277,7 +276,6 @@ static const Timed kTimed[] = {
     {Timed::VERIFY, 0, 0, 4, -1, 1, 1, 1, true, nullptr, "R = 4"},
     {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 0, false, &Res::op_plain_us, nullptr},      /* one-pass, plain stores */
     {Timed::VERIFY, 1, 0, 0, 3, 1, 0, 1, false, &Res::op_order_us, nullptr},      /* one-pass, plain stream order */
-    {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 1, false, &Res::op_tile_us, nullptr, 0},    /* one-pass, a block a tile */
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -318,14 +316,11 @@ int main(int argc, char **argv) {
     struct Cfg {
         int tc, warps, r, split;
         const char *name;
-        int persist = 1; /* kd_kda_onepass_persist */
     };
     const Cfg cfgs[] = {{1, 0, 0, 1, "default: verify form chosen by size"},
                         {1, 0, 0, 4, "split verify: prologue kernel + tensor-core verify, dependent launch"},
                         {1, 0, 0, 2, "split verify, plain stream order"},
                         {1, 0, 0, 3, "one-pass verify (8 warps, state staged in shared memory)"},
-                        {1, 0, 0, 3, "one-pass verify, a block a tile", 0},
-                        {1, 0, 0, 3, "one-pass verify, a grid of 3 blocks taking every tile", 3},
                         {1, 0, 0, 5, "split verify, half the state through shared memory"},
                         {1, 1, 0, 1, "split verify, 1 warp"},
                         {1, 2, 0, 1, "split verify, 2 warps"},
@@ -363,7 +358,6 @@ int main(int argc, char **argv) {
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
         kd_kda_split(c.split == 1 ? g_split_default : c.split);
-        kd_kda_onepass_persist(c.persist);
         printf("path: %s\n", c.name);
         for (const Shape &s : shapes)
             for (int m = 0; m < 2; m++)
@@ -374,7 +368,6 @@ int main(int argc, char **argv) {
                 if (s.B <= 5) fails += check_shape(s, KD_KDA_DEFERRED, 16, 12);
         }
     }
-    kd_kda_onepass_persist(1);
     kd_kda_force_r(0);
     kd_kda_tensor_cores(0, 0);
     kd_kda_closed_form(1);
@@ -458,7 +451,7 @@ int main(int argc, char **argv) {
             const int bf = getenv("KD_KDA_BENCH_FOLD") ? atoi(getenv("KD_KDA_BENCH_FOLD")) : 0;
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, nullptr};
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             for (const Timed &w : kTimed) {
                 if (w.small_only && B > 8) continue;
                 kd_kda_tensor_cores(w.tc, w.warps);
@@ -466,7 +459,6 @@ int main(int argc, char **argv) {
                 kd_kda_pdl(w.pdl);
                 kd_kda_onepass_pdl(w.onepass_pdl);
                 kd_kda_store_hint(w.hint);
-                kd_kda_onepass_persist(w.persist);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -499,19 +491,16 @@ int main(int argc, char **argv) {
             kd_kda_tensor_cores(1, 0);
             kd_kda_force_r(0);
             kd_kda_store_hint(1);
-            kd_kda_onepass_persist(1);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
             printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
-                   "one-pass a block a tile %8.2f us, %.2fx; one-pass with plain stores %8.2f us, %.2fx; "
-                   "in plain stream order %8.2f us, %.2fx; "
+                   "one-pass with plain stores %8.2f us, %.2fx; in plain stream order %8.2f us, %.2fx; "
                    "one kernel %8.2f us, %.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us "
                    "(CUDA cores %8.2f us)\n",
                    B, T, rr.floor_us(), rr.copy_us, rr.copyk_us, rr.def_us, rr.def_us / rr.floor_us(), rr.half_us, rr.split_us, rr.onepass_us, rr.onepass_us / rr.floor_us(),
-                   rr.op_tile_us, rr.op_tile_us / rr.floor_us(), rr.op_plain_us, rr.op_plain_us / rr.floor_us(),
-                   rr.op_order_us, rr.op_order_us / rr.floor_us(),
+                   rr.op_plain_us, rr.op_plain_us / rr.floor_us(), rr.op_order_us, rr.op_order_us / rr.floor_us(),
                    rr.fused_us, rr.fused_us / rr.floor_us(),
                    rr.def_prev_us, rr.def_prev_us / rr.floor_us(), rr.all_us, rr.all_us / rr.floor_us(), rr.commit_us,
                    rr.commit_prev_us);
@@ -538,21 +527,18 @@ int main(int argc, char **argv) {
                 "cudaMemcpyAsync and a grid-stride kernel of 16-byte accesses. Window fold = %s. deferred: the "
                 "default dispatch (by size: CUDA cores, one-pass or split); split: the split verify (prologue "
                 "kernel, then the tensor-core verify as its dependent launch); one-pass: the one-pass verify (8 "
-                "warps, state staged in shared memory, as many blocks as the device holds at once, each loading "
-                "its next tile's state while it finishes the last; its folded checkpoint stored evict-first, the "
-                "default; the next column with a block a tile, kd_kda_onepass_persist(0), the next with plain "
-                "stores, kd_kda_store_hint(0), the next in plain stream order instead of a programmatic dependent "
-                "of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel "
+                "warps, state staged in shared memory; its folded checkpoint stored evict-first, the default; the next "
+                "column with plain stores, kd_kda_store_hint(0), the next in plain stream order instead of a "
+                "programmatic dependent of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel "
                 "tensor-core verify; CUDA cores: the CUDA-core kernels; in plain stream order: the CUDA-core verify "
                 "(the default at B <= 2) not a programmatic dependent of the kernel before it (in this graph the layer "
                 "before's verify, whose blocks let the next layer's start once past their wait); all from the same "
                 "run.\n\n"
                 "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy "
                 "| CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) "
-                "| one-pass, a block a tile (us) | one-pass, plain stores (us) | one-pass, plain stream order (us) "
-                "| one kernel (us) "
+                "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                 prop.name, date, commit,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
@@ -562,19 +548,17 @@ int main(int argc, char **argv) {
         if (r.pso_us > 0) snprintf(pso, sizeof pso, "%.2f", r.pso_us), snprintf(psoj, sizeof psoj, "%.3f", r.pso_us);
         fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,"
                     "\"deferred_us\":%.3f,\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
-                    "\"deferred_split_half_us\":%.3f,\"deferred_one_pass_us\":%.3f,\"one_pass_block_a_tile_us\":%.3f,"
-                    "\"one_pass_plain_stores_us\":%.3f,"
+                    "\"deferred_split_half_us\":%.3f,\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,"
                     "\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
                 i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us,
                 psoj, r.split_us, r.half_us,
-                r.onepass_us, r.op_tile_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us,
-                r.commit_us, r.commit_prev_us);
+                r.onepass_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
+                r.commit_prev_us);
         fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-                    "| %.2f "
                     "| %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                 r.B, r.T, r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), pso, r.split_us,
-                r.half_us, r.onepass_us, r.op_tile_us,
+                r.half_us, r.onepass_us,
                 r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us,
                 r.all_us / r.floor_us(), r.commit_us, r.commit_prev_us);
     }

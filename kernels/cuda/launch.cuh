@@ -40,7 +40,7 @@ __device__ __forceinline__ void kd_dep_start() {
 }
 
 // Asynchronous copies global -> shared (cp.async): no registers held while they land; 4 or 16
-// bytes (both ends aligned to it), then commit, wait for all / all but the last one or two groups.
+// bytes (both ends aligned to it), then commit, wait for all / all but the last group.
 __device__ __forceinline__ void cp_async4(float *dst, const float *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
 }
@@ -50,7 +50,6 @@ __device__ __forceinline__ void cp_async16(float *dst, const float *src) {
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
 
 template <typename... Kp, typename... Ap>
 inline cudaError_t kd_launch_dep(void (*f)(Kp...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Ap... args) {

@@ -41,8 +41,6 @@
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
 //   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
 //   each, their medians (printed only): two builds run alternately in one session compare their kernels.
-//   KD_BENCH_PERSIST=1 cuda_bench ...: only steps of 4-128 requests, the one-pass verify's grid a block a tile or
-//   persistent (kd_kda_onepass_persist 0 / 1), alternated over 5 rounds (printed only).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -388,17 +386,6 @@ int main(int argc, char **argv) {
         const int pts[][2] = {{4, 2}, {8, 2}, {16, 2}, {32, 2}, {64, 2}, {128, 2}, {32, 0}, {128, 0}, {32, 3}};
         ab_rounds(be, VOC, "lt", pts, sizeof pts / sizeof pts[0], "the heuristic's first", "the table", "first",
                   [](kd_backend *x, int m) { kd_cuda_set_lt(x, m ? 2 : 1); });
-        kd_engine_free(e);
-        kd_backend_free(be);
-        return 0;
-    }
-    if (getenv("KD_BENCH_PERSIST")) { /* the one-pass verify's grid: a block a tile, or the blocks the device holds */
-        const int pts[][2] = {{4, 0}, {8, 3}, {16, 0}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {128, 3}};
-        ab_rounds(be, VOC, "persist", pts, sizeof pts / sizeof pts[0], "a block a tile", "persistent", "a tile",
-                  [](kd_backend *x, int m) {
-                      kd_kda_onepass_persist(m);
-                      kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
-                  });
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
