@@ -2,6 +2,7 @@
 // activation rows, against cuBLAS, on the 48B preset's wide products (gate|up, the input
 // projection): C[M][N] = A[M][K] W[N][K]^T, bf16 in, fp32 out.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=[sm_90,compute_90] skinny_smem_a.cu -lcublas -o skinny_smem_a
+//   (from the repository root, with -I. and the path: tests/bench/results/tried/skinny_smem_a.cu)
 // Results: ../logs/skinny_smem_a_h200_tried.log (and tried/README.md).
 //
 // The form: a block an SM, all of A in its shared memory (M x K bf16, 144 KiB at M = 32, K = 2304:
@@ -27,14 +28,7 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e_ = (x);                                                                                  \
-        if (e_ != cudaSuccess) {                                                                               \
-            printf("%s: %s\n", #x, cudaGetErrorString(e_));                                                   \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "kernels/cuda/ck.cuh"
 
 __device__ __forceinline__ void cp16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
@@ -255,29 +249,16 @@ static float bf2f(__nv_bfloat16 h) {
 }
 
 template <typename Launch>
-static double time_graph(Launch launch, int L, cudaStream_t st) {
+static double time_launches(Launch launch, int L, cudaStream_t st) { /* us a launch */
     cudaGraph_t gph;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < L; l++) launch(l);
     CK(cudaStreamEndCapture(st, &gph));
     CK(cudaGraphInstantiate(&ge, gph, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int r = 0; r < 17; r++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float x;
-        CK(cudaEventElapsedTime(&x, e0, e1));
-        if (r >= 2) ms.push_back(x);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaGraphExecDestroy(ge), cudaGraphDestroy(gph), cudaEventDestroy(e0), cudaEventDestroy(e1);
-    return ms[ms.size() / 2] * 1e3 / L; /* us a launch */
+    const double ms = time_graph(ge, st, 15);
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
+    return ms * 1e3 / L;
 }
 
 template <int M, int NW, int ST = 4, int HINT = 0>
@@ -330,7 +311,7 @@ static int run(const char *name, int N, int K, int sms, cublasHandle_t hb, cudaS
         worst64 = std::max(worst64, fabs(r - c1[(size_t)l * M * N + (size_t)m * N + n]) / std::max(1.0, fabs(r)));
     }
     const bool ok = nan == 0 && worst <= 1e-5 * std::max(1.0, scale) * sqrt((double)K) && worst64 < 1e-4;
-    const double tc = time_graph(cub, L, st), to = time_graph(own, L, st);
+    const double tc = time_launches(cub, L, st), to = time_launches(own, L, st);
     const double bytes = wel * 2.0;
     printf("%-17s N=%6d K=%5d M=%2d warps %2d stage %d hint %d: cuBLAS %7.2f us (%4.0f GB/s, %3.0f %% of copy)  smem-A form %7.2f us "
            "(%4.0f GB/s, %3.0f %%)  cuBLAS / form %.3f  | max |diff| vs cuBLAS %.2e (max |C| %.1f), vs float64 %.2e, "
@@ -403,9 +384,9 @@ static int run_step(const char *name, int N, int K, int sms, cublasHandle_t hb, 
         worst = std::max(worst, (double)fabs(c0[i] - c1[i]));
     }
     const bool ok = nan == 0 && worst <= 1e-5 * std::max(1.0, scale) * sqrt((double)K);
-    const double tn = time_graph([&](int) { norm(); }, L, st);
-    const double tc = time_graph(cub, L, st), tp = time_graph([&](int l) { own(l, false); }, L, st),
-                 td = time_graph([&](int l) { own(l, true); }, L, st);
+    const double tn = time_launches([&](int) { norm(); }, L, st);
+    const double tc = time_launches(cub, L, st), tp = time_launches([&](int l) { own(l, false); }, L, st),
+                 td = time_launches([&](int l) { own(l, true); }, L, st);
     unsigned h[2];
     CK(cudaMemcpy(h, ctr, 8, cudaMemcpyDeviceToHost));
     const double bytes = wel * 2.0;
