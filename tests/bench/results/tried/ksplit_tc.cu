@@ -4,7 +4,8 @@
 // (results/gemm_h200.md) and the backend takes cuBLASLt in 2 K slices (kd_cu_lt_gemm_split).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=[sm_90,compute_90] -I. -Ikernels/include
 //     tests/bench/results/tried/ksplit_tc.cu kernels/cuda/gemm_lt.cu -lcublasLt -lcublas -o ksplit_tc
-//   (from the repository root; gemm_lt.cu also needs kernels/core/lt_table.c and types.c compiled with -Ikernels/include)
+//   (from the repository root; gemm_lt.cu also needs kernels/core/lt_table.c and types.c, compiled with
+//   -Ikernels/include, on the link line)
 // Results: ../logs/ksplit_tc_h200_tried.log (and tried/README.md): slower than the backend's 2 slices at 32 rows.
 //
 // The form: C[s][M][N] = A[M][sKS .. (s+1)KS) W[N][same]^T for S slices of KS = K / S keys, each slice's sums
@@ -86,7 +87,8 @@ __global__ void __launch_bounds__(NOG *NKG * 32, 1)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int r = 16 * t + 8 * h + g;
-                dst[t][h] = r < M ? *(const uint4 *)(A + (size_t)r * lda + k0 + kb * 32 + 8 * q) : make_uint4(0, 0, 0, 0);
+                dst[t][h] = make_uint4(0, 0, 0, 0);
+                if (r < M) dst[t][h] = *(const uint4 *)(A + (size_t)r * lda + k0 + kb * 32 + 8 * q);
             }
     };
 #pragma unroll
@@ -279,11 +281,13 @@ static int run(const ctx &x, const char *name, int N, int K, int M, int S) {
                  tn;
     const double bytes = wel * 2.0;
     auto pc = [&](double us) { return 100 * bytes / us / 1e3 / x.copy_gbs; };
-    printf("%-14s N=%5d K=%5d M=%2d S=%d MT=%d warps %dx%d OG=%d depth %d A %s: cuBLAS %6.2f us (%3.0f %%), Lt 2 slices "
+    printf("%-14s N=%5d K=%5d M=%2d S=%d MT=%d warps %dx%d OG=%d depth %d A %s: cuBLAS %6.2f us (%3.0f %%), "
+           "Lt 2 slices "
            "%6.2f (%3.0f %%), form %6.2f (%3.0f %%), Lt2 / form %.3f; after a norm: Lt2 %6.2f, form (dependent) "
            "%6.2f (%3.0f %%), Lt2 / form %.3f | max |sum - cuBLAS| %.2e (Lt2 %.2e, max |C| %.1f), vs float64 %.2e, "
            "NaN %zu: %s\n",
-           name, N, K, M, S, MT, NOG, NKG, OG, DEPTH, DA ? "direct" : "smem", tc, pc(tc), t2, pc(t2), to, pc(to), t2 / to, tn2, tnp, pc(tnp),
+           name, N, K, M, S, MT, NOG, NKG, OG, DEPTH, DA ? "direct" : "smem", tc, pc(tc), t2, pc(t2), to, pc(to),
+           t2 / to, tn2, tnp, pc(tnp),
            tn2 / tnp, worst, worst2, scale, worst64, nan, ok ? "ok" : "FAIL");
     fflush(stdout);
     cudaFree(W), cudaFree(A), cudaFree(xs), cudaFree(C0), cudaFree(C1), cudaFree(C2);
@@ -310,7 +314,8 @@ int main() {
         x.copy_gbs = 2.0 * n / us / 1e3;
         cudaFree(a), cudaFree(b);
     }
-    printf("device: %s, %d SMs; copy floor %.0f GB/s (256 MiB device to device in a graph, read + write)\n", pr.name, x.sms,
+    printf("device: %s, %d SMs; copy floor %.0f GB/s (256 MiB device to device in a graph, read + write)\n",
+           pr.name, x.sms,
            x.copy_gbs);
     int bad = 0;
     const char *run_sel = getenv("KS_RUN");
