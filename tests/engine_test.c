@@ -605,40 +605,77 @@ START_TEST(test_spec_distribution) {
 END_TEST
 
 /* Caller drafts (the API's entry point): the true continuation is accepted whole, a wrong
- * one is rejected, and either way the tokens stay the reference's. */
+ * one is rejected, and either way the tokens stay the reference's. Third pass: true drafts of
+ * a length that changes from step to step (0-4, random), so each verify folds a last window of
+ * another length than its own: no flush on the way (the fold reads the last window's records
+ * by position), and after every step the committed state is the reference's after the same
+ * tokens. */
 START_TEST(test_caller_drafts) {
     kd_model *m = oracle_model("tiny");
-    refbe ref;
+    refbe ref, ref2;
     ref_open(&ref, m, 1);
-    int32_t prompt[9] = {5, 9, 33, 2, 71, 8, 100, 3, 42}, expect[20];
-    ref_greedy(&ref, prompt, 9, 20, expect);
-    for (int wrong = 0; wrong < 2; wrong++) {
+    ref_open(&ref2, m, 1);
+    int32_t prompt[9] = {5, 9, 33, 2, 71, 8, 100, 3, 42}, expect[40];
+    ref_greedy(&ref, prompt, 9, 40, expect);
+    kd_test_rng rng;
+    kd_test_rng_init(&rng, kd_test_seed() + 17);
+    for (int pass = 0; pass < 3; pass++) {
+        const int wrong = pass == 1, vary = pass == 2, n_gen = vary ? 40 : 20;
         kd_engine_config cfg;
         kd_engine_config_defaults(&cfg);
         cfg.max_seqs = 1, cfg.max_spec = 4, cfg.max_batch_tokens = 32;
         collector *c = collector_new();
         kd_backend *be;
         kd_engine *e = engine_open(m, &cfg, c, &be);
+        const size_t sb = kd_backend_state_bytes(be), ne = sb / sizeof(float);
+        float *got = malloc(sb), *want = malloc(sb);
+        ck_assert(got && want);
         kd_err err;
-        kd_request_params p = greedy_params(7, prompt, 9, 20);
+        kd_request_params p = greedy_params(7, prompt, 9, n_gen);
         p.spec_tokens = 4, p.draft = KD_DRAFT_CALLER;
         ck_assert_int_eq(kd_engine_submit(e, &p, &err), KD_SUBMIT_OK);
+        int changes = 0, last_n = -1, checks = 0;
+        int64_t fed = 0;
+        kd_backend_reset_slot(ref2.be, 0, NULL);
         while (kd_engine_has_work(e)) {
             const int32_t done = c->o[7].n;
             int32_t d[4];
-            for (int i = 0; i < 4; i++) d[i] = done + i < 20 ? (expect[done + i] + wrong) % 384 : 0;
-            kd_engine_set_drafts(e, 7, d, 4);
+            const int nd = vary ? (int)(kd_test_rng_u64(&rng) % 5) : 4;
+            for (int i = 0; i < 4; i++) d[i] = done + i < n_gen ? (expect[done + i] + wrong) % 384 : 0;
+            if (vary && done > 0 && nd != last_n) changes++;
+            last_n = nd;
+            kd_engine_set_drafts(e, 7, d, nd);
             ck_assert(kd_engine_step(e, &err) >= 0);
+            kd_engine_probe pr;
+            if (!vary || kd_engine_probe_request(e, 7, &pr) || pr.slot < 0 || pr.committed == 0) continue;
+            ref_feed(&ref2, 0, pr.tokens + fed, pr.committed - fed);
+            fed = pr.committed;
+            ck_assert_msg(kd_backend_checkpoint_read(be, pr.slot, got, sb, &err) == 0, "%s", err.msg);
+            kd_backend_state_read(ref2.be, 0, want, sb, NULL);
+            const double rel = state_rel(got, want, ne);
+            ck_assert_msg(rel < 1e-5, "varying drafts: checkpoint after %lld tokens rel err %.3e",
+                          (long long)pr.committed, rel);
+            checks++;
         }
-        ck_assert_int_eq(c->o[7].n, 20);
-        for (int i = 0; i < 20; i++) ck_assert_int_eq(c->o[7].toks[i], expect[i]);
+        ck_assert_int_eq(c->o[7].n, n_gen);
+        for (int i = 0; i < n_gen; i++) ck_assert_int_eq(c->o[7].toks[i], expect[i]);
         if (wrong) ck_assert_int_eq(c->o[7].usage.accepted, 0);
-        else ck_assert_int_ge(c->o[7].usage.accepted, 15);
+        else if (!vary) ck_assert_int_ge(c->o[7].usage.accepted, 15);
+        if (vary) {
+            kd_engine_stats st;
+            kd_engine_stats_get(e, &st);
+            ck_assert_int_ge(changes, 5);
+            ck_assert_int_ge(checks, 5);
+            ck_assert_int_gt(st.folds, 5);
+            ck_assert_int_le(st.flushes, 1); /* only the finish's */
+        }
         kd_engine_free(e);
         kd_backend_free(be);
         collector_free(c);
+        free(got), free(want);
     }
     ref_close(&ref);
+    ref_close(&ref2);
     kd_model_close(m);
 }
 END_TEST

@@ -26,7 +26,6 @@ typedef struct req {
     int64_t n_tokens, cap, n_prompt;
     int64_t committed;            /* tokens in the slot's committed state */
     int64_t pending;              /* tokens of the last window not yet committed (folded) */
-    int32_t prev_window;          /* T of the last verify */
     int32_t generated, max_tokens;
     kd_sampling sampling;
     kd_rng rng, draft_rng;
@@ -518,8 +517,10 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         if (!r || r->state != R_DECODE) continue;
         int32_t *win = e->btok + ntok;
         win[0] = r->tokens[r->n_tokens - 1];
+        /* the window may differ in length from the last one: the fold reads the last window's
+         * records by position (kd_batch_row.fold: 0..its length), so a change of T is not a
+         * flush trigger here (KDA.md lists it for layouts whose records follow the window's T) */
         const int32_t window = 1 + propose(e, r, win + 1);
-        if (r->pending > 0 && window != r->prev_window && flush(e, r, err)) goto fail;
         e->rows[nrows] = (kd_batch_row){.slot = r->slot, .n_tokens = window, .logits = KD_LOGITS_ALL,
                                         .kind = KD_ROW_VERIFY, .fold = (int32_t)r->pending};
         /* sampling on the backend: the request's parameters and, when it samples, the next
@@ -595,7 +596,6 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         r->usage.accepted += a;
         e->st.drafted += window - 1;
         e->st.accepted += a;
-        r->prev_window = window;
         kd_finish why;
         const int32_t k = append(e, r, emit, 1 + a, &why);
         /* x0 and the accepted drafts enter the state; if a stop token cut the window short,
