@@ -175,11 +175,14 @@ struct fwd_shape {
     float *logits;     // host logits when !sample
 };
 
-constexpr int kMaxGraphs = 64;
+// Graphs kept (each a decode shape: rows, longest window, tokens); past that the least recently
+// replayed one is dropped for a new shape.
+constexpr int kMaxGraphs = 96;
 enum : uint8_t { CONV_RING = 0, CONV_WIN = 1, CONV_BOTH = 2 }; /* cu_backend.conv_sync */
 struct graph_entry {
-    int rows, window;  // padded rows and tokens per row (0: unused)
+    int rows, window, tokens;  // padded rows, the longest window, padded tokens (rows 0: unused)
     int seen;          // eager runs of this shape so far (captured on the second)
+    int64_t used;      // the step that last ran it (graph_clock)
     cudaGraphExec_t exec;
 };
 
@@ -261,7 +264,7 @@ struct cu_backend {
     int64_t pf_mlp_bytes; // mode 4: gate|up's next rows from the MLP RMSNorm's launch (kd_cuda_set_prefetch_mlp)
     int pf_gu_first; // gate|up's first rows before o_proj's weights (kd_cuda_set_prefetch_order)
     graph_entry graph[kMaxGraphs];
-    int64_t graphs_captured, graph_replays;
+    int64_t graphs_captured, graph_replays, graph_clock;
 };
 
 cu_backend *SELF(kd_backend *b) { return (cu_backend *)b; }
@@ -339,7 +342,7 @@ void drop_graphs(cu_backend *cb) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     for (int i = 0; i < kMaxGraphs; i++) {
         if (cb->graph[i].exec) cudaGraphExecDestroy(cb->graph[i].exec);
-        cb->graph[i] = graph_entry{0, 0, 0, nullptr};
+        cb->graph[i] = graph_entry{0, 0, 0, 0, 0, nullptr};
     }
 }
 
@@ -947,12 +950,12 @@ kd_kda_mode kda_mode(const cu_backend *cb) {
 // Fills the pinned metadata block for a batch and returns its launch shape. With sampling
 // (params != NULL) the sampler's per-position and per-row entries are filled too. pad_rows
 // > 0: the graph layout of a verify-only batch: rows padded to pad_rows with one-token
-// scratch windows, tokens to pad_rows * pad_window (the rest belong to no row: computed
+// scratch windows, tokens to pad_tokens (graph_rows; the rest belong to no row: computed
 // and ignored), max_len pad_window, and every token a logit row (only the rows' own are sampled).
 // Each token's history ring index: a verify row's slot position advanced by its fold (the
 // tokens the last step accepted), a prefill row's as it is (after_forward then advances both).
 fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *params, const double *uniforms,
-                 int pad_rows, int pad_window) {
+                 int pad_rows, int pad_window, int pad_tokens) {
     const kd_config *c = &cb->base.config;
     const meta_layout *ml = &cb->ml;
     const int conv = c->use_short_conv, folding = conv && cb->Hw > 0;
@@ -970,7 +973,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
     int64_t M = 0, t0 = 0;
     const int n_rows = pad_rows > 0 ? pad_rows : batch->n_rows;
     if (params && pad_rows > 0) // positions not sampled (the rows' own are set below)
-        for (int64_t t = 0; t < (int64_t)pad_rows * pad_window; t++) spos[t].row = -1;
+        for (int64_t t = 0; t < pad_tokens; t++) spos[t].row = -1;
     for (int32_t r = 0; r < n_rows; r++) {
         kd_batch_row row;
         const int32_t *rt;
@@ -1021,7 +1024,7 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
         t0 += row.n_tokens;
     }
     if (pad_rows > 0) {
-        const int64_t Np = (int64_t)pad_rows * pad_window;
+        const int64_t Np = pad_tokens;
         for (int64_t t = t0; t < Np; t++) { // tokens of no row
             tokens[t] = 0;
             toks[t] = kd_cu_tok_make(scratch, 0, (int32_t)t, 0, cb->conv_head[scratch]);
@@ -1316,7 +1319,7 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
     if (kd_batch_tokens(batch) == 0) return 0;
     CU(cudaSetDevice(cb->dev));
     if (before_forward(cb, batch, 0, err)) return -1;
-    fwd_shape sh = encode(cb, batch, NULL, NULL, 0, 0);
+    fwd_shape sh = encode(cb, batch, NULL, NULL, 0, 0, 0);
     sh.logits = logits;
     if (launch(cb, sh, err)) return -1;
     CU(cudaStreamSynchronize(cb->stream));
@@ -1326,21 +1329,37 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
 }
 
 // The padded shape a decode batch replays a graph of (rows 0: run it eagerly): verify rows
-// only, all logits; rows padded to the next power of two within the reservation, tokens to
-// that many windows of the batch's longest window.
-int graph_rows(const cu_backend *cb, const kd_batch *batch, int *window) {
+// only, all logits; rows padded to the next power of two within the reservation (one-token
+// scratch windows), *window the batch's longest window, *need the batch's tokens (the scratch
+// windows' included), *tokens those rounded up to a multiple of max(4, rows / kGraphTokenDiv),
+// at most rows * *window. A step where only some requests draft (an n-gram drafter that
+// matches now and then) thus runs its products on about its own tokens, not on every row at
+// the longest window (48B preset on an H200, kimi48b_cuda_h200.md: 128 requests of which a
+// few draft 3 tokens each step, 192 tokens instead of 512), at the cost of more shapes.
+// A capture costs about as much as a few steps (a graph of some 400 nodes), so a shape that a
+// captured one of more tokens covers runs on that one until it has been seen kCaptureCovered
+// times (the tokens of requests finishing one by one pass through shapes that do not come back).
+constexpr int kGraphTokenDiv = 2, kCaptureCovered = 4;
+int graph_rows(const cu_backend *cb, const kd_batch *batch, int *window, int *need, int *tokens) {
     const kd_backend *b = &cb->base;
-    *window = 0;
+    *window = 0, *need = 0, *tokens = 0;
     if (!cb->graphs || batch->n_rows < 1) return 0;
+    int64_t n = 0;
     for (int32_t r = 0; r < batch->n_rows; r++) {
         const kd_batch_row &row = batch->rows[r];
         if (row.kind != KD_ROW_VERIFY || (row.logits != KD_LOGITS_ALL && row.slot != b->n_slots)) return 0;
         if (row.n_tokens > *window) *window = row.n_tokens;
+        n += row.n_tokens;
     }
     int R = 1;
     while (R < batch->n_rows) R *= 2;
     if (R > b->max_rows) R = b->max_rows;
     if (R < batch->n_rows || (int64_t)R * *window > b->max_tokens) return 0;
+    n += R - batch->n_rows;
+    *need = (int)n;
+    const int64_t q = R / kGraphTokenDiv > 4 ? R / kGraphTokenDiv : 4, full = (int64_t)R * *window;
+    n = (n + q - 1) / q * q;
+    *tokens = (int)(n < full ? n : full);
     return R;
 }
 
@@ -1358,16 +1377,34 @@ int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_para
     cu_backend *cb = SELF(b);
     if (kd_batch_tokens(batch) == 0) return 0;
     CU(cudaSetDevice(cb->dev));
-    int Tp = 0;
-    const int R = graph_rows(cb, batch, &Tp);
+    int Tp = 0, need = 0, Np = 0;
+    const int R = graph_rows(cb, batch, &Tp, &need, &Np);
     if (before_forward(cb, batch, R, err)) return -1;
-    const fwd_shape sh = encode(cb, batch, params, uniforms, R, Tp);
-    graph_entry *g = NULL;
+    graph_entry *g = NULL, *cover = NULL;
     if (R > 0) {
         for (int i = 0; i < kMaxGraphs && !g; i++)
-            if (cb->graph[i].rows == R && cb->graph[i].window == Tp) g = &cb->graph[i];
-        for (int i = 0; i < kMaxGraphs && !g; i++)
-            if (cb->graph[i].rows == 0) g = &cb->graph[i], g->rows = R, g->window = Tp;
+            if (cb->graph[i].rows == R && cb->graph[i].window == Tp && cb->graph[i].tokens == Np) g = &cb->graph[i];
+        if (!g) { // a free entry, else the least recently used one (the stream is idle: each step waits)
+            g = &cb->graph[0];
+            for (int i = 1; i < kMaxGraphs && g->rows != 0; i++)
+                if (cb->graph[i].rows == 0 || cb->graph[i].used < g->used) g = &cb->graph[i];
+            if (g->exec) cudaGraphExecDestroy(g->exec);
+            *g = graph_entry{R, Tp, Np, 0, 0, nullptr};
+        }
+        g->used = ++cb->graph_clock;
+        if (!g->exec && g->seen < kCaptureCovered) // a captured shape of more tokens, if any, instead of eager
+            for (int i = 0; i < kMaxGraphs; i++) {
+                graph_entry *c = &cb->graph[i];
+                if (c != g && c->exec && c->rows == R && c->window == Tp && c->tokens >= need &&
+                    (!cover || c->tokens < cover->tokens))
+                    cover = c;
+            }
+    }
+    const fwd_shape sh = encode(cb, batch, params, uniforms, R, Tp, cover ? cover->tokens : Np);
+    if (cover) {
+        cover->used = cb->graph_clock;
+        g->seen++;
+        g = cover;
     }
     if (g && !g->exec && g->seen >= 1) { // capture on the second sight of a shape
         cudaGraph_t graph = nullptr;
@@ -1379,12 +1416,14 @@ int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_para
             return -1;
         }
         if (e != cudaSuccess)
-            return kd_fail(err, "cuda backend: graph capture of %d rows x %d: %s", R, Tp, cudaGetErrorString(e));
+            return kd_fail(err, "cuda backend: graph capture of %d rows (%d tokens, windows up to %d): %s", R, Np,
+                           Tp, cudaGetErrorString(e));
         const cudaError_t ie = cudaGraphInstantiate(&g->exec, graph, 0);
         cudaGraphDestroy(graph);
         if (ie != cudaSuccess) {
             g->exec = nullptr;
-            return kd_fail(err, "cuda backend: graph instantiate of %d rows x %d: %s", R, Tp, cudaGetErrorString(ie));
+            return kd_fail(err, "cuda backend: graph instantiate of %d rows (%d tokens, windows up to %d): %s", R,
+                           Np, Tp, cudaGetErrorString(ie));
         }
         cb->graphs_captured++;
     }
@@ -1715,7 +1754,7 @@ extern "C" int kd_cuda_sample_logits(kd_backend *b, const kd_batch *batch, const
     if (kd_batch_check(batch, b->n_slots, b->max_tokens, b->max_window, b->config.vocab, err)) return -1;
     if (batch->n_rows > b->max_rows) return kd_fail(err, "kd_cuda_sample_logits: too many rows");
     CU(cudaSetDevice(cb->dev));
-    const fwd_shape sh = encode(cb, batch, params, uniforms, 0, 0);
+    const fwd_shape sh = encode(cb, batch, params, uniforms, 0, 0, 0);
     cudaStream_t s = cb->stream;
     CU(cudaMemcpyAsync(cb->meta_dev, cb->pinned_meta, cb->ml.total, cudaMemcpyHostToDevice, s));
     const kd_cu_spos *d_spos = (const kd_cu_spos *)(cb->meta_dev + cb->ml.spos);

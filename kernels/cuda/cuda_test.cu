@@ -1085,7 +1085,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                "[%s %s] products run in K slices: %lld (graphs), %lld (eager)", tag, s.name,
                (long long)kd_cuda_ksplit_launches(be[0]), (long long)kd_cuda_ksplit_launches(be[1]));
     report(ok && diffs == 0 && cap >= 1 && rep > 0 && cap1 == 0 && rep1 == 0,
-           "[graphs %s] %d steps, %lld rows (1..8 per step, padded to 1/2/4/8 rows of the longest window): graph replay == eager on every row "
+           "[graphs %s] %d steps, %lld rows (1..8 per step, padded to 1/2/4/8 rows, tokens to a multiple of 4 up to "
+           "rows x the longest window): graph replay == eager on every row "
            "(differences %lld, drafts accepted %lld); graphs captured %lld, replays %lld (eager backend: %lld)",
            s.name, steps, (long long)rows_total, (long long)diffs, (long long)acc_total, (long long)cap, (long long)rep,
            (long long)cap1);

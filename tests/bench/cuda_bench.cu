@@ -41,6 +41,10 @@
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
 //   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
 //   each, their medians (printed only): two builds run alternately in one session compare their kernels.
+//   KD_BENCH_E2E=1 cuda_bench ...: only the end-to-end runs (3), their table printed (nothing written): two
+//   builds run alternately in one session compare the engine and the backend's batching. KD_BENCH_E2E_PASSES=n
+//   (2-4, with or without it): the end-to-end runs n times in the process (later passes find the decode shapes'
+//   CUDA graphs captured, as a server that has run a while).
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -736,7 +740,8 @@ int main(int argc, char **argv) {
         }
         return 0;
     };
-    int rc = run_pass(0);
+    const bool e2e_only = getenv("KD_BENCH_E2E") != nullptr;
+    int rc = e2e_only ? 0 : run_pass(0);
     if (rc) return rc < 0 ? 1 : 0;
 
     // free the slots for the engine: commit what the step runs left recorded
@@ -754,55 +759,77 @@ int main(int argc, char **argv) {
     bool e2e_first = true;
     uint64_t id = 1;
     std::vector<std::vector<int32_t>> cont(128);
-    for (int nreq : {32, 128})
-        for (int mode = 0; mode < 3; mode++) {
-            const int s = mode ? 3 : 0;
-            kd_engine_stats st0;
-            kd_engine_stats_get(e, &st0);
-            sink = Sink();
-            for (int q = 0; q < nreq; q++) {
-                for (int i = 0; i < PROMPT; i++) prompt[(size_t)i] = pat[(size_t)((i + q) % 16)];
-                kd_request_params p;
-                memset(&p, 0, sizeof p);
-                p.id = id++, p.prompt = prompt.data(), p.n_prompt = PROMPT, p.max_tokens = GEN;
-                p.sampling.top_p = 1, p.spec_tokens = s, p.eos_id = -1;
-                p.draft = mode == 0 ? KD_DRAFT_NONE : mode == 1 ? KD_DRAFT_NGRAM : KD_DRAFT_ORACLE;
-                if (mode == 2) p.oracle = cont[(size_t)q].data(), p.n_oracle = (int32_t)cont[(size_t)q].size();
-                if (kd_engine_submit(e, &p, &err) != KD_SUBMIT_OK) return printf("submit: %s\n", err.msg), 1;
+    const char *pe2 = getenv("KD_BENCH_E2E_PASSES");
+    const int e2e_passes = pe2 && atoi(pe2) > 1 && atoi(pe2) <= 4 ? atoi(pe2) : 1;
+    for (int pass = 0; pass < e2e_passes; pass++)
+        for (int nreq : {32, 128})
+            for (int mode = 0; mode < 3; mode++) {
+                const int s = mode ? 3 : 0;
+                kd_engine_stats st0;
+                kd_engine_stats_get(e, &st0);
+                sink = Sink();
+                for (int q = 0; q < nreq; q++) {
+                    for (int i = 0; i < PROMPT; i++) prompt[(size_t)i] = pat[(size_t)((i + q) % 16)];
+                    kd_request_params p;
+                    memset(&p, 0, sizeof p);
+                    p.id = id++, p.prompt = prompt.data(), p.n_prompt = PROMPT, p.max_tokens = GEN;
+                    p.sampling.top_p = 1, p.spec_tokens = s, p.eos_id = -1;
+                    p.draft = mode == 0 ? KD_DRAFT_NONE : mode == 1 ? KD_DRAFT_NGRAM : KD_DRAFT_ORACLE;
+                    if (mode == 2) p.oracle = cont[(size_t)q].data(), p.n_oracle = (int32_t)cont[(size_t)q].size();
+                    if (kd_engine_submit(e, &p, &err) != KD_SUBMIT_OK) return printf("submit: %s\n", err.msg), 1;
+                }
+                int64_t cap0 = 0, rep0 = 0, cap1 = 0, rep1 = 0;
+                kd_cuda_graph_stats(be, &cap0, &rep0);
+                const double ts = now();
+                double tdec = 0;
+                while (kd_engine_has_work(e)) {
+                    if (kd_engine_step(e, &err) < 0) return printf("step: %s\n", err.msg), 1;
+                    if (tdec == 0 && sink.tokens >= nreq) tdec = now(); // every request has its first token
+                }
+                const double tend = now();
+                kd_engine_stats st1;
+                kd_engine_stats_get(e, &st1);
+                const int64_t gen = st1.tokens_generated - st0.tokens_generated, steps = st1.steps - st0.steps;
+                if (mode == 0) // the continuations, for the oracle drafter
+                    for (int q = 0; q < nreq; q++) cont[(size_t)q] = sink.toks[id - (uint64_t)nreq + (uint64_t)q];
+                const int64_t dr = st1.drafted - st0.drafted, ac = st1.accepted - st0.accepted;
+                const double dec_tok = (double)(gen - nreq), dec_s = tend - tdec;
+                kd_cuda_graph_stats(be, &cap1, &rep1);
+                printf("end to end: %d requests, s=%d %s: %lld tokens in %.2f s: %.0f tokens/s; decode phase %.0f "
+                       "tokens/s; "
+                       "%lld steps; accepted %lld of %lld drafts; graphs captured %lld, replays %lld\n",
+                       nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", (long long)gen, tend - ts,
+                       gen / (tend - ts), dec_tok / dec_s, (long long)steps, (long long)ac, (long long)dr,
+                       (long long)(cap1 - cap0), (long long)(rep1 - rep0));
+                if (sink.finished != nreq) fails++;
+                snprintf(buf, sizeof buf,
+                         "%s    {\"pass\": %d, \"requests\": %d, \"spec\": %d, \"drafter\": \"%s\", \"prompt\": %d, "
+                         "\"new_tokens\": %lld, "
+                         "\"seconds\": %.3f, \"tokens_per_s\": %.1f, \"decode_seconds\": %.3f, "
+                         "\"decode_tokens_per_s\": %.1f, "
+                         "\"steps\": %lld, \"drafted\": %lld, \"accepted\": %lld}",
+                         e2e_first ? "" : ",\n", pass + 1, nreq, s,
+                         mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", PROMPT,
+                         (long long)gen, tend - ts, gen / (tend - ts),
+                         dec_s, dec_tok / dec_s, (long long)steps, (long long)dr, (long long)ac);
+                e2e_json += buf;
+                e2e_first = false;
+                snprintf(buf, sizeof buf, "| %d | %s%s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %lld/%lld |\n",
+                         nreq,
+                         mode == 0 ? "none" : mode == 1 ? "n-gram, s = 3" : "oracle, s = 3",
+                         pass == 0 ? "" : pass == 1 ? " (pass 2)" : pass == 2 ? " (pass 3)" : " (pass 4)", PROMPT,
+                         (long long)gen, tend - ts, gen / (tend - ts), dec_s, dec_tok / dec_s, (long long)steps,
+                         (long long)ac, (long long)dr);
+                md2 += buf;
             }
-            const double ts = now();
-            double tdec = 0;
-            while (kd_engine_has_work(e)) {
-                if (kd_engine_step(e, &err) < 0) return printf("step: %s\n", err.msg), 1;
-                if (tdec == 0 && sink.tokens >= nreq) tdec = now(); // every request has its first token
-            }
-            const double tend = now();
-            kd_engine_stats st1;
-            kd_engine_stats_get(e, &st1);
-            const int64_t gen = st1.tokens_generated - st0.tokens_generated, steps = st1.steps - st0.steps;
-            if (mode == 0) // the continuations, for the oracle drafter
-                for (int q = 0; q < nreq; q++) cont[(size_t)q] = sink.toks[id - (uint64_t)nreq + (uint64_t)q];
-            const int64_t dr = st1.drafted - st0.drafted, ac = st1.accepted - st0.accepted;
-            const double dec_tok = (double)(gen - nreq), dec_s = tend - tdec;
-            printf("end to end: %d requests, s=%d %s: %lld tokens in %.2f s: %.0f tokens/s; decode phase %.0f tokens/s; "
-                   "%lld steps; accepted %lld of %lld drafts\n",
-                   nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", (long long)gen, tend - ts, gen / (tend - ts), dec_tok / dec_s, (long long)steps, (long long)ac,
-                   (long long)dr);
-            if (sink.finished != nreq) fails++;
-            snprintf(buf, sizeof buf,
-                     "%s    {\"requests\": %d, \"spec\": %d, \"drafter\": \"%s\", \"prompt\": %d, \"new_tokens\": %lld, "
-                     "\"seconds\": %.3f, \"tokens_per_s\": %.1f, \"decode_seconds\": %.3f, \"decode_tokens_per_s\": %.1f, "
-                     "\"steps\": %lld, \"drafted\": %lld, \"accepted\": %lld}",
-                     e2e_first ? "" : ",\n", nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", PROMPT,
-                     (long long)gen, tend - ts, gen / (tend - ts),
-                     dec_s, dec_tok / dec_s, (long long)steps, (long long)dr, (long long)ac);
-            e2e_json += buf;
-            e2e_first = false;
-            snprintf(buf, sizeof buf, "| %d | %s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %lld/%lld |\n", nreq,
-                     mode == 0 ? "none" : mode == 1 ? "n-gram, s = 3" : "oracle, s = 3", PROMPT, (long long)gen, tend - ts, gen / (tend - ts), dec_s,
-                     dec_tok / dec_s, (long long)steps, (long long)ac, (long long)dr);
-            md2 += buf;
-        }
+    if (e2e_only) {
+        int64_t gcap = 0, grep = 0;
+        kd_cuda_graph_stats(be, &gcap, &grep);
+        printf("%s\nCUDA graphs captured %lld, replays %lld\n", md2.c_str(), (long long)gcap, (long long)grep);
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return fails ? 1 : 0;
+    }
 
     // the second-stream variants of the decode steps (2), last
     for (int r = 0; r < 128; r++)
