@@ -30,9 +30,9 @@
 //
 // CUDA graphs (forward_sample on verify-only batches): the enqueue of one forward (launch)
 // is captured per padded shape (rows to the next power of two with one-token scratch
-// windows, tokens to rows * the batch's longest window, every verify row in the fold list),
-// the first batch of a shape runs eagerly with the same layout, the second captures it,
-// later ones replay. Per-step inputs (tokens, slots, folds, drafts, uniforms, sampling
+// windows, the longest window, tokens rounded up as graph_rows says, every verify row in the
+// fold list); the first batch of a shape runs eagerly with the same layout (or on a captured
+// shape of more tokens: cu_forward_sample), a later one captures it, later ones replay. Per-step inputs (tokens, slots, folds, drafts, uniforms, sampling
 // parameters) live in the pinned metadata block whose upload is the graph's first node, so
 // a replay reads this step's values; the host waits once per step, for the tokens.
 // KDECODE_CUDA_GRAPHS=0 at creation (or kd_cuda_set_graphs) runs every batch eagerly.
