@@ -1334,11 +1334,12 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
 // windows' included), *tokens those rounded up to a multiple of max(4, rows / kGraphTokenDiv),
 // at most rows * *window. A step where only some requests draft (an n-gram drafter that
 // matches now and then) thus runs its products on about its own tokens, not on every row at
-// the longest window (48B preset on an H200, kimi48b_cuda_h200.md: 128 requests of which a
-// few draft 3 tokens each step, 192 tokens instead of 512), at the cost of more shapes.
-// A capture costs about as much as a few steps (a graph of some 400 nodes), so a shape that a
-// captured one of more tokens covers runs on that one until it has been seen kCaptureCovered
-// times (the tokens of requests finishing one by one pass through shapes that do not come back).
+// the longest window (48B preset on an H200, results/e2e_graph_tokens_h200.md: 128 requests of
+// which a few draft 3 tokens each step, 192 tokens instead of 512), at the cost of more shapes.
+// A capture costs more than a step (there, runs with 7-8 new shapes took ~0.1 s longer: some
+// 10 ms a capture, not timed apart), so a shape that a captured one of more tokens covers runs
+// on that one until it has been seen kCaptureCovered times (the tokens of requests finishing
+// one by one pass through shapes that do not come back).
 constexpr int kGraphTokenDiv = 2, kCaptureCovered = 4;
 int graph_rows(const cu_backend *cb, const kd_batch *batch, int *window, int *need, int *tokens) {
     const kd_backend *b = &cb->base;
