@@ -32,9 +32,10 @@
 // is captured per padded shape (rows to the next power of two with one-token scratch
 // windows, the longest window, tokens rounded up as graph_rows says, every verify row in the
 // fold list); the first batch of a shape runs eagerly with the same layout (or on a captured
-// shape of more tokens: cu_forward_sample), a later one captures it, later ones replay. Per-step inputs (tokens, slots, folds, drafts, uniforms, sampling
-// parameters) live in the pinned metadata block whose upload is the graph's first node, so
-// a replay reads this step's values; the host waits once per step, for the tokens.
+// shape of more tokens: cu_forward_sample), a later one captures it, later ones replay.
+// Per-step inputs (tokens, slots, folds, drafts, uniforms, sampling parameters) live in the
+// pinned metadata block whose upload is the graph's first node, so a replay reads this step's
+// values; the host waits once per step, for the tokens.
 // KDECODE_CUDA_GRAPHS=0 at creation (or kd_cuda_set_graphs) runs every batch eagerly.
 // KDECODE_CUDA_LT_TABLE=FILE at creation: an operator's table of cuBLASLt configurations
 // (kd/lt_table.h, as `KD_LT_SEARCH=1 gemm_lt_bench` writes it) in place of the built-in one.
@@ -181,7 +182,7 @@ constexpr int kMaxGraphs = 96;
 enum : uint8_t { CONV_RING = 0, CONV_WIN = 1, CONV_BOTH = 2 }; /* cu_backend.conv_sync */
 struct graph_entry {
     int rows, window, tokens;  // padded rows, the longest window, padded tokens (rows 0: unused)
-    int seen;          // eager runs of this shape so far (captured on the second)
+    int seen;          // runs of this shape so far, eager or on a covering graph (cu_forward_sample)
     int64_t used;      // the step that last ran it (graph_clock)
     cudaGraphExec_t exec;
 };
