@@ -111,6 +111,7 @@ typedef struct serve_opts {
     double nccl_idle_seconds, nccl_connect_seconds;
     int32_t handoff_ready_slots;
     int64_t handoff_write_budget; /* bytes of arriving states written between two steps (0: all) */
+    int32_t warm_graphs;          /* CUDA graphs of decode steps captured at start */
 } serve_opts;
 
 static void usage(FILE *f) {
@@ -140,6 +141,9 @@ static void usage(FILE *f) {
             "  --backend cpu|cuda|auto  compute backend (default auto: CUDA when a GPU is usable,\n"
             "                           else the CPU)\n"
             "  --activations fp32|bf16  GPU activation type (default bf16; the CPU computes in fp32)\n"
+            "  --warm-graphs N          on a GPU, CUDA graphs of decode step shapes captured before\n"
+            "                           serving, so that no step waits for a capture (0: none, each\n"
+            "                           captured on its second use; default and most: 96)\n"
             "  --max-seqs N             request slots (default 8)\n"
             "  --max-queue N            requests waiting beyond the slots (default 64)\n"
             "  --max-batch-tokens N     tokens per step (default: enough for every slot + 256)\n"
@@ -162,7 +166,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
            O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
            O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_READY, O_WBUDGET,
-           O_HELP };
+           O_WARM, O_HELP };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
         {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
@@ -180,11 +184,12 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         {"handoff-transport", required_argument, 0, O_XPORT}, {"nccl-max-links", required_argument, 0, O_NLINKS},
         {"nccl-idle-seconds", required_argument, 0, O_NIDLE}, {"nccl-connect-seconds", required_argument, 0, O_NCONN},
         {"handoff-ready-slots", required_argument, 0, O_READY},
-        {"handoff-write-budget", required_argument, 0, O_WBUDGET}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"handoff-write-budget", required_argument, 0, O_WBUDGET}, {"warm-graphs", required_argument, 0, O_WARM},
+        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     kd_engine_config_defaults(&o->eng);
     o->listen = "127.0.0.1:50051", o->role = "decode", o->backend = "auto";
-    o->act_bf16 = 1;
+    o->act_bf16 = 1, o->warm_graphs = 96;
     o->eng.max_seqs = 8, o->eng.max_queue = 64, o->eng.max_spec = 7, o->eng.max_model_len = 8192;
     o->eng.prefix_cache_bytes = (size_t)256 << 20;
     o->eng.max_batch_tokens = 0;
@@ -209,6 +214,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         case O_LEASE: bad = kd_parse_f64(optarg, 0.001, 86400, &o->handoff_lease_seconds); break;
         case O_READY: bad = kd_parse_i64(optarg, 0, kHandoffPool, &v); o->handoff_ready_slots = (int32_t)v; break;
         case O_WBUDGET: bad = kd_parse_i64(optarg, 0, 1ll << 40, &v); o->handoff_write_budget = (int64_t)v; break;
+        case O_WARM: bad = kd_parse_i64(optarg, 0, 96, &v); o->warm_graphs = (int32_t)v; break;
         case O_PEERCA: o->peer_tls_ca = optarg; break;
         case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
         case O_XPORT:
@@ -3436,6 +3442,13 @@ static int load_model(serve_opts *o) {
     if (!(g_srv.eng = kd_engine_create(g_srv.be, g_srv.model->fingerprint, &o->eng, on_engine_event, NULL, &err)))
         return logf_("load-failed", "%s", err.msg), -1;
     o->eng.max_queue -= o->eng.max_seqs;
+    if (o->warm_graphs > 0 && !strcmp(g_srv.be->ops->name, "cuda")) {
+        const double tw = now_s();
+        const int n = kd_cuda_warm_graphs(g_srv.be, o->eng.max_seqs, o->warm_graphs, &err);
+        if (n < 0) return logf_("load-failed", "%s (--warm-graphs 0 captures on first use instead)", err.msg), -1;
+        logf_("graphs", "%d decode step shapes captured in %.2f s (up to %d requests, windows up to %d tokens)", n,
+              now_s() - tw, o->eng.max_seqs, 1 + o->eng.max_spec);
+    }
     if (layout_init()) return logf_("load-failed", "out of memory"), -1;
     const int on_gpu = !strcmp(g_srv.be->ops->name, "cuda");
     if (!strcmp(o->handoff_transport, "nccl") && !on_gpu)

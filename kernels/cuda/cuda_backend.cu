@@ -33,6 +33,8 @@
 // windows, the longest window, tokens rounded up as graph_rows says, every verify row in the
 // fold list); the first batch of a shape runs eagerly with the same layout (or on a captured
 // shape of more tokens: cu_forward_sample), a later one captures it, later ones replay.
+// kd_cuda_warm_graphs captures them before the first step (a server at start), so that no
+// request's step waits for a capture or runs eagerly.
 // Per-step inputs (tokens, slots, folds, drafts, uniforms, sampling parameters) live in the
 // pinned metadata block whose upload is the graph's first node, so a replay reads this step's
 // values; the host waits once per step, for the tokens.
@@ -1329,6 +1331,32 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
     return 0;
 }
 
+constexpr int kGraphTokenDiv = 2, kCaptureCovered = 4; // graph_rows, cu_forward_sample
+
+// A graph's rows for a batch of n rows: the next power of two, at most the reservation's rows.
+int graph_pad_rows(const kd_backend *b, int n) {
+    int R = 1;
+    while (R < n) R *= 2;
+    return R > b->max_rows ? b->max_rows : R;
+}
+
+// A graph's tokens for n tokens in R rows of windows up to T: n rounded up to a multiple of
+// max(4, R / kGraphTokenDiv), at most R * T.
+int graph_tokens(int R, int T, int64_t n) {
+    const int64_t q = R / kGraphTokenDiv > 4 ? R / kGraphTokenDiv : 4, full = (int64_t)R * T;
+    n = (n + q - 1) / q * q;
+    return (int)(n < full ? n : full);
+}
+
+void unpack_samples(const cu_backend *cb, int n_rows, int32_t *tokens, int32_t *accepted, int32_t *used) {
+    const int Tw = cb->base.max_window;
+    for (int r = 0; r < n_rows; r++) {
+        const int32_t *o = cb->sout_h + (size_t)r * (Tw + 2);
+        accepted[r] = o[Tw], used[r] = o[Tw + 1];
+        for (int i = 0; i <= o[Tw] && i < Tw; i++) tokens[(size_t)r * Tw + i] = o[i];
+    }
+}
+
 // The padded shape a decode batch replays a graph of (rows 0: run it eagerly): verify rows
 // only, all logits; rows padded to the next power of two within the reservation (one-token
 // scratch windows), *window the batch's longest window, *need the batch's tokens (the scratch
@@ -1341,7 +1369,6 @@ int cu_forward(kd_backend *b, const kd_batch *batch, float *logits, kd_err *err)
 // 10 ms a capture, not timed apart), so a shape that a captured one of more tokens covers runs
 // on that one until it has been seen kCaptureCovered times (the tokens of requests finishing
 // one by one pass through shapes that do not come back).
-constexpr int kGraphTokenDiv = 2, kCaptureCovered = 4;
 int graph_rows(const cu_backend *cb, const kd_batch *batch, int *window, int *need, int *tokens) {
     const kd_backend *b = &cb->base;
     *window = 0, *need = 0, *tokens = 0;
@@ -1353,25 +1380,53 @@ int graph_rows(const cu_backend *cb, const kd_batch *batch, int *window, int *ne
         if (row.n_tokens > *window) *window = row.n_tokens;
         n += row.n_tokens;
     }
-    int R = 1;
-    while (R < batch->n_rows) R *= 2;
-    if (R > b->max_rows) R = b->max_rows;
+    const int R = graph_pad_rows(b, batch->n_rows);
     if (R < batch->n_rows || (int64_t)R * *window > b->max_tokens) return 0;
     n += R - batch->n_rows;
     *need = (int)n;
-    const int64_t q = R / kGraphTokenDiv > 4 ? R / kGraphTokenDiv : 4, full = (int64_t)R * *window;
-    n = (n + q - 1) / q * q;
-    *tokens = (int)(n < full ? n : full);
+    *tokens = graph_tokens(R, *window, n);
     return R;
 }
 
-void unpack_samples(const cu_backend *cb, int n_rows, int32_t *tokens, int32_t *accepted, int32_t *used) {
-    const int Tw = cb->base.max_window;
-    for (int r = 0; r < n_rows; r++) {
-        const int32_t *o = cb->sout_h + (size_t)r * (Tw + 2);
-        accepted[r] = o[Tw], used[r] = o[Tw + 1];
-        for (int i = 0; i <= o[Tw] && i < Tw; i++) tokens[(size_t)r * Tw + i] = o[i];
+// The entry of a graph shape: its own, else a free one, else the least recently used one's
+// (its graph destroyed: the stream is idle, each step waits); marked as used now.
+graph_entry *graph_slot(cu_backend *cb, int R, int T, int N) {
+    graph_entry *g = NULL;
+    for (int i = 0; i < kMaxGraphs && !g; i++)
+        if (cb->graph[i].rows == R && cb->graph[i].window == T && cb->graph[i].tokens == N) g = &cb->graph[i];
+    if (!g) {
+        g = &cb->graph[0];
+        for (int i = 1; i < kMaxGraphs && g->rows != 0; i++)
+            if (cb->graph[i].rows == 0 || cb->graph[i].used < g->used) g = &cb->graph[i];
+        if (g->exec) cudaGraphExecDestroy(g->exec);
+        *g = graph_entry{R, T, N, 0, 0, nullptr};
     }
+    g->used = ++cb->graph_clock;
+    return g;
+}
+
+// Captures the forward of a shape into g (nothing runs: the replays read the metadata block).
+int capture(cu_backend *cb, graph_entry *g, const fwd_shape &sh, kd_err *err) {
+    cudaGraph_t graph = nullptr;
+    CU(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = launch(cb, sh, err);
+    const cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+    if (rc) {
+        if (graph) cudaGraphDestroy(graph);
+        return -1;
+    }
+    if (e != cudaSuccess)
+        return kd_fail(err, "cuda backend: graph capture of %d rows (%d tokens, windows up to %d): %s", g->rows,
+                       g->tokens, g->window, cudaGetErrorString(e));
+    const cudaError_t ie = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+        g->exec = nullptr;
+        return kd_fail(err, "cuda backend: graph instantiate of %d rows (%d tokens, windows up to %d): %s", g->rows,
+                       g->tokens, g->window, cudaGetErrorString(ie));
+    }
+    cb->graphs_captured++;
+    return 0;
 }
 
 int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_params *params, const double *uniforms,
@@ -1384,16 +1439,7 @@ int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_para
     if (before_forward(cb, batch, R, err)) return -1;
     graph_entry *g = NULL, *cover = NULL;
     if (R > 0) {
-        for (int i = 0; i < kMaxGraphs && !g; i++)
-            if (cb->graph[i].rows == R && cb->graph[i].window == Tp && cb->graph[i].tokens == Np) g = &cb->graph[i];
-        if (!g) { // a free entry, else the least recently used one (the stream is idle: each step waits)
-            g = &cb->graph[0];
-            for (int i = 1; i < kMaxGraphs && g->rows != 0; i++)
-                if (cb->graph[i].rows == 0 || cb->graph[i].used < g->used) g = &cb->graph[i];
-            if (g->exec) cudaGraphExecDestroy(g->exec);
-            *g = graph_entry{R, Tp, Np, 0, 0, nullptr};
-        }
-        g->used = ++cb->graph_clock;
+        g = graph_slot(cb, R, Tp, Np);
         if (!g->exec && g->seen < kCaptureCovered) // a captured shape of more tokens, if any, instead of eager
             for (int i = 0; i < kMaxGraphs; i++) {
                 graph_entry *c = &cb->graph[i];
@@ -1408,27 +1454,7 @@ int cu_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_para
         g->seen++;
         g = cover;
     }
-    if (g && !g->exec && g->seen >= 1) { // capture on the second sight of a shape
-        cudaGraph_t graph = nullptr;
-        CU(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
-        const int rc = launch(cb, sh, err);
-        const cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
-        if (rc) {
-            if (graph) cudaGraphDestroy(graph);
-            return -1;
-        }
-        if (e != cudaSuccess)
-            return kd_fail(err, "cuda backend: graph capture of %d rows (%d tokens, windows up to %d): %s", R, Np,
-                           Tp, cudaGetErrorString(e));
-        const cudaError_t ie = cudaGraphInstantiate(&g->exec, graph, 0);
-        cudaGraphDestroy(graph);
-        if (ie != cudaSuccess) {
-            g->exec = nullptr;
-            return kd_fail(err, "cuda backend: graph instantiate of %d rows (%d tokens, windows up to %d): %s", R,
-                           Np, Tp, cudaGetErrorString(ie));
-        }
-        cb->graphs_captured++;
-    }
+    if (g && !g->exec && g->seen >= 1 && capture(cb, g, sh, err)) return -1; // on the second sight of a shape
     if (g && g->exec) {
         CU(cudaGraphLaunch(g->exec, cb->stream));
         cb->graph_replays++;
@@ -1745,6 +1771,52 @@ extern "C" void kd_cuda_graph_stats(kd_backend *b, int64_t *captured, int64_t *r
     cu_backend *cb = as_cuda(b);
     *captured = cb ? cb->graphs_captured : 0;
     *replays = cb ? cb->graph_replays : 0;
+}
+
+// The launch shape of a decode step's graph (encode's padded layout): R verify rows, N tokens,
+// windows up to T, every token a logit row, sampled on the device.
+static fwd_shape decode_shape(int R, int T, int N) {
+    fwd_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.N = N, sh.M = N, sh.nv = R, sh.max_len = T, sh.n_rows = R, sh.sample = 1;
+    return sh;
+}
+
+extern "C" int kd_cuda_warm_graphs(kd_backend *b, int32_t rows, int32_t max_graphs, kd_err *err) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb) return 0;
+    if (b->n_slots == 0) return kd_fail(err, "kd_cuda_warm_graphs: no slots reserved");
+    if (rows < 1 || max_graphs < 0)
+        return kd_fail(err, "kd_cuda_warm_graphs: rows %d, graphs %d out of range", rows, max_graphs);
+    if (!cb->graphs) return 0;
+    if (rows > b->max_rows) rows = b->max_rows;
+    if (max_graphs > kMaxGraphs) max_graphs = kMaxGraphs;
+    CU(cudaSetDevice(cb->dev));
+    int shapes = 0, captured = 0;
+    /* pass 0: each (rows, longest window)'s shape of every token, which covers all its steps;
+     * pass 1: the shapes of fewer tokens (graph_rows) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int n = 1, R; n <= rows; n = R + 1) {
+            R = graph_pad_rows(b, n);
+            for (int T = 1; T <= b->max_window && (int64_t)R * T <= b->max_tokens; T++) {
+                const int full = R * T;
+                int last = 0;
+                for (int64_t need = pass ? R + T - 1 : full; need <= full; need++) {
+                    const int N = graph_tokens(R, T, need);
+                    if (N == last || (pass == 1 && N == full)) continue;
+                    last = N;
+                    if (shapes++ == max_graphs) goto done;
+                    graph_entry *g = graph_slot(cb, R, T, N);
+                    if (g->exec) continue;
+                    if (capture(cb, g, decode_shape(R, T, N), err)) return -1;
+                    CU(cudaGraphUpload(g->exec, cb->stream));
+                    captured++;
+                }
+            }
+        }
+done:
+    CU(cudaStreamSynchronize(cb->stream));
+    return captured;
 }
 
 extern "C" int kd_cuda_sample_logits(kd_backend *b, const kd_batch *batch, const float *logits,

@@ -888,17 +888,21 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // on the second after it. Variant 16: as variant 0 (graphs on the first, off on the second) with bf16
 // activations, o_proj and the down projection in 2 K slices on both at every row count (kd_cuda_set_ksplit),
 // gate|up's output in bf16 (kd_cuda_set_gu_bf16) and cuBLAS for every product (the skinny kernel off).
+// Variants 17 and 18: as variant 0 (18 with bf16 activations) with the first backend's graphs captured
+// before the first step (kd_cuda_warm_graphs): 17 every shape, 18 only each (rows, window)'s shape of
+// every row at that window; no step may then run eagerly (replays == steps), and in 17 none captures.
 static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0) {
     RandModel m;
     build_model(m, s, seed);
     const int32_t NS = 8, TW = 4;
-    const bool folds = variant >= 1 && variant != 16; /* two bf16 backends with graphs, logits compared first */
+    const bool warm = variant == 17 || variant == 18;
+    const bool folds = variant >= 1 && variant != 16 && !warm; /* two bf16 backends with graphs, logits compared first */
     const int fuse_masks[4][2] = {{KD_CUDA_FUSE_COPY, 0},
                                   {KD_CUDA_FUSE_CONV, 0},
                                   {KD_CUDA_FUSE_CONV_PREP, 0},
                                   {KD_CUDA_FUSE_CONV | KD_CUDA_FUSE_CONV_PREP, KD_CUDA_FUSE_CONV}};
     kd_err err;
-    const int bf16 = folds || variant == 16;
+    const int bf16 = folds || variant == 16 || variant == 18;
     kd_backend *be[2] = {kd_cuda_backend_create(bf16, &err), kd_cuda_backend_create(bf16, &err)};
     bool ok = be[0] && be[1];
     for (int i = 0; i < 2 && ok; i++)
@@ -920,6 +924,24 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
              (variant != 16 || (kd_cuda_set_ksplit(be[i], 2, 1, 512) == 0 && kd_cuda_set_skinny(be[i], 0) == 0 &&
                                 kd_cuda_set_gu_bf16(be[i], 1) == 0)) &&
              (!g_plain_order || kd_cuda_set_pdl(be[i], 0) == 0);
+    /* variants 17 / 18: the first backend's graphs before any forward; the shapes of full windows are the
+     * padded row counts 1, 2, 4, 8 times the windows 1..TW */
+    int warmed = 0, warmed_again = -1;
+    const int full_shapes = 4 * TW;
+    if (ok && warm) {
+        warmed = kd_cuda_warm_graphs(be[0], NS, variant == 17 ? 96 : full_shapes, &err);
+        warmed_again = warmed >= 0 ? kd_cuda_warm_graphs(be[0], NS, 96, &err) : -1;
+        ok = warmed > 0 && (variant == 18 || warmed_again == 0);
+        report(ok && (variant == 17 ? warmed > full_shapes : warmed == full_shapes),
+               "[warmed graphs %s] %d shapes captured before the first step (%s), again: %d new%s%s", s.name, warmed,
+               variant == 17 ? "all of 1..8 rows, windows 1..4" : "every row at each window only", warmed_again,
+               ok ? "" : ": ", ok ? "" : err.msg);
+        if (variant == 18) { /* the rest are captured on use: count from here */
+            int64_t c0 = 0, r0 = 0;
+            kd_cuda_graph_stats(be[0], &c0, &r0);
+            warmed = (int)c0;
+        }
+    }
     char tag[64], vs[160];
     if (variant >= 2 && variant <= 4) snprintf(tag, sizeof tag, "L2 prefetch mode %d", variant - 1);
     else if (variant == 6) snprintf(tag, sizeof tag, "L2 prefetch mode 2, gate|up first");
@@ -935,9 +957,13 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 14 ? "one-pass verify, store hint"
                                             : variant == 15 ? "one-pass verify, early norm"
                                             : variant == 16 ? "graphs, K slices"
+                                            : variant == 17 ? "warmed graphs"
+                                            : variant == 18 ? "warmed graphs, bf16"
                                                            : "f/g product pair");
     snprintf(vs, sizeof vs, "%s",
              variant == 0   ? "graphs on / off"
+             : variant == 17 ? "graphs captured before the first step / off"
+             : variant == 18 ? "bf16, graphs of full windows captured before the first step / off"
              : variant == 16 ? "o_proj and the down projection in 2 K slices, gate|up in bf16 on both; graphs on / off"
              : variant == 1 ? "bf16, as they are / every slot's state read and written back before each forward"
              : variant == 5 ? "bf16, f_proj.1 and g_proj.1 in one launch / two"
@@ -1084,6 +1110,10 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
         report(kd_cuda_ksplit_launches(be[0]) > 0 && kd_cuda_ksplit_launches(be[1]) > 0,
                "[%s %s] products run in K slices: %lld (graphs), %lld (eager)", tag, s.name,
                (long long)kd_cuda_ksplit_launches(be[0]), (long long)kd_cuda_ksplit_launches(be[1]));
+    if (warm)
+        report(ok && rep == steps && (variant == 18 || cap == warmed) && cap >= warmed,
+               "[%s %s] every step on a graph: replays %lld of %d steps; graphs captured %lld (%d before the first "
+               "step)", tag, s.name, (long long)rep, steps, (long long)cap, warmed);
     report(ok && diffs == 0 && cap >= 1 && rep > 0 && cap1 == 0 && rep1 == 0,
            "[graphs %s] %d steps, %lld rows (1..8 per step, padded to 1/2/4/8 rows, tokens to a multiple of 4 up to "
            "rows x the longest window): graph replay == eager on every row "
@@ -2143,6 +2173,8 @@ int main(int argc, char **argv) {
     graph_case(specs[0], seed + 45, quick ? 8 : 30, 15);
     graph_case(specs[1], seed + 46, quick ? 8 : 30, 15);
     graph_case(specs[0], seed + 47, quick ? 8 : 30, 16);
+    graph_case(specs[0], seed + 48, quick ? 12 : 40, 17);
+    graph_case(specs[quick ? 0 : 1], seed + 49, quick ? 12 : 40, 18);
     if (!quick) {
         for (const char *name : {"tiny", "small"}) {
             for (kd_commit_mode mode : modes) oracle_case(argv[1], name, 0, mode, mode == KD_COMMIT_DEFERRED);

@@ -44,7 +44,9 @@
 //   KD_BENCH_E2E=1 cuda_bench ...: only the end-to-end runs (3), their table printed (nothing written): two
 //   builds run alternately in one session compare the engine and the backend's batching. KD_BENCH_E2E_PASSES=n
 //   (2-4, with or without it): the end-to-end runs n times in the process (later passes find the decode shapes'
-//   CUDA graphs captured, as a server that has run a while).
+//   CUDA graphs captured, as a server that has run a while). KD_BENCH_WARM=n (0-96, with or without it): the
+//   decode shapes' graphs captured before the end-to-end runs (kd_cuda_warm_graphs, as a server at start,
+//   at most n), its time printed.
 //   KD_BENCH_SIDE_SWEEP=1 cuda_bench ...: only decode steps of 4-96 rows (B rows of s + 1 tokens),
 //   graphs on, f_proj.1 and g_proj.1 on the step's stream against on the second stream
 //   (kd_cuda_set_side_rows 0 / 1), alternated over 5 rounds: medians into OUT_PREFIX.json and .md.
@@ -751,7 +753,8 @@ int main(int argc, char **argv) {
     // (3) end to end (before any step that uses a second stream)
     std::string e2e_json;
     std::string md2 = "| requests | drafts | prompt | new tokens | total s | tokens/s (all) | decode s | tokens/s (decode) | "
-                      "steps | accepted/drafted |\n|---|---|---|---|---|---|---|---|---|---|\n";
+                      "steps | slowest decode step ms | graphs captured | accepted/drafted |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     const int PROMPT = 128, GEN = 128;
     std::vector<int32_t> prompt(PROMPT), pat(16);
     g_rng = 0x2545f4914f6cdd1dull; /* the prompts whatever was timed before (runs of two commits compare) */
@@ -759,8 +762,18 @@ int main(int argc, char **argv) {
     bool e2e_first = true;
     uint64_t id = 1;
     std::vector<std::vector<int32_t>> cont(128);
-    const char *pe2 = getenv("KD_BENCH_E2E_PASSES");
-    const int e2e_passes = pe2 && atoi(pe2) > 1 && atoi(pe2) <= 4 ? atoi(pe2) : 1;
+    const char *pe2 = getenv("KD_BENCH_E2E_PASSES"), *pw = getenv("KD_BENCH_WARM");
+    const int e2e_passes = pe2 ? atoi(pe2) : 1;
+    if (e2e_passes < 1 || e2e_passes > 4) return printf("KD_BENCH_E2E_PASSES=n, 1-4\n"), 2;
+    if (pw) {
+        const int n = atoi(pw);
+        if (n < 0 || n > 96) return printf("KD_BENCH_WARM=n, 0-96\n"), 2;
+        const double tw = now();
+        const int got = kd_cuda_warm_graphs(be, cfg.max_seqs, n, &err);
+        if (got < 0) return printf("warm graphs: %s\n", err.msg), 1;
+        printf("graphs captured before the end-to-end runs: %d in %.3f s (%.2f ms each)\n", got, now() - tw,
+               got ? (now() - tw) * 1e3 / got : 0.0);
+    }
     for (int pass = 0; pass < e2e_passes; pass++)
         for (int nreq : {32, 128})
             for (int mode = 0; mode < 3; mode++) {
@@ -781,10 +794,12 @@ int main(int argc, char **argv) {
                 int64_t cap0 = 0, rep0 = 0, cap1 = 0, rep1 = 0;
                 kd_cuda_graph_stats(be, &cap0, &rep0);
                 const double ts = now();
-                double tdec = 0;
+                double tdec = 0, slowest = 0; /* the longest decode-phase step */
                 int64_t tok_dec = 0; /* tokens generated when the decode phase starts */
                 while (kd_engine_has_work(e)) {
+                    const double t0 = now();
                     if (kd_engine_step(e, &err) < 0) return printf("step: %s\n", err.msg), 1;
+                    if (tdec > 0 && now() - t0 > slowest) slowest = now() - t0;
                     if (tdec == 0 && sink.toks.size() >= (size_t)nreq) // every request has its first token
                         tdec = now(), tok_dec = sink.tokens;
                 }
@@ -799,9 +814,11 @@ int main(int argc, char **argv) {
                 kd_cuda_graph_stats(be, &cap1, &rep1);
                 printf("end to end: %d requests, s=%d %s: %lld tokens in %.2f s: %.0f tokens/s; decode phase %.0f "
                        "tokens/s; "
-                       "%lld steps; accepted %lld of %lld drafts; graphs captured %lld, replays %lld\n",
+                       "%lld steps (slowest decode step %.2f ms); accepted %lld of %lld drafts; graphs captured "
+                       "%lld, replays %lld\n",
                        nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", (long long)gen, tend - ts,
-                       gen / (tend - ts), dec_tok / dec_s, (long long)steps, (long long)ac, (long long)dr,
+                       gen / (tend - ts), dec_tok / dec_s, (long long)steps, slowest * 1e3, (long long)ac,
+                       (long long)dr,
                        (long long)(cap1 - cap0), (long long)(rep1 - rep0));
                 if (sink.finished != nreq) fails++;
                 snprintf(buf, sizeof buf,
@@ -809,19 +826,22 @@ int main(int argc, char **argv) {
                          "\"new_tokens\": %lld, "
                          "\"seconds\": %.3f, \"tokens_per_s\": %.1f, \"decode_seconds\": %.3f, "
                          "\"decode_tokens_per_s\": %.1f, "
-                         "\"steps\": %lld, \"drafted\": %lld, \"accepted\": %lld}",
+                         "\"steps\": %lld, \"slowest_decode_step_ms\": %.3f, \"drafted\": %lld, \"accepted\": %lld, "
+                         "\"graphs_captured\": %lld}",
                          e2e_first ? "" : ",\n", pass + 1, nreq, s,
                          mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", PROMPT,
                          (long long)gen, tend - ts, gen / (tend - ts),
-                         dec_s, dec_tok / dec_s, (long long)steps, (long long)dr, (long long)ac);
+                         dec_s, dec_tok / dec_s, (long long)steps, slowest * 1e3, (long long)dr, (long long)ac,
+                         (long long)(cap1 - cap0));
                 e2e_json += buf;
                 e2e_first = false;
-                snprintf(buf, sizeof buf, "| %d | %s%s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %lld/%lld |\n",
+                snprintf(buf, sizeof buf,
+                         "| %d | %s%s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %.2f | %lld | %lld/%lld |\n",
                          nreq,
                          mode == 0 ? "none" : mode == 1 ? "n-gram, s = 3" : "oracle, s = 3",
                          pass == 0 ? "" : pass == 1 ? " (pass 2)" : pass == 2 ? " (pass 3)" : " (pass 4)", PROMPT,
                          (long long)gen, tend - ts, gen / (tend - ts), dec_s, dec_tok / dec_s, (long long)steps,
-                         (long long)ac, (long long)dr);
+                         slowest * 1e3, (long long)(cap1 - cap0), (long long)ac, (long long)dr);
                 md2 += buf;
             }
     if (e2e_only) {

@@ -228,10 +228,18 @@ kd_backend *kd_backend_create(const char *name, int act_bf16, kd_err *err);
 /* CUDA backend switches and test hooks (no-ops / failures on other backends):
  * graphs: forward_sample on decode batches (every row a verify window with all logits, no
  * prefill) replays a CUDA graph captured per padded shape (rows padded to the next power
- * of two with the scratch row, tokens to rows * the longest window of the batch); the first
- * batch of a shape runs eagerly, the second captures it. On by default, off with
- * the environment KDECODE_CUDA_GRAPHS=0 at creation or kd_cuda_set_graphs(b, 0). */
+ * of two with the scratch row, the longest window, tokens rounded up: cuda_backend.cu's
+ * graph_rows); the first batch of a shape runs eagerly (or on a captured shape of the same rows
+ * and window and more tokens), a later one captures it. On by default, off with the
+ * environment KDECODE_CUDA_GRAPHS=0 at creation or kd_cuda_set_graphs(b, 0). */
 int kd_cuda_set_graphs(kd_backend *b, int on);
+/* Captures the graphs of decode steps of up to `rows` requests before the first step, at most
+ * max_graphs shapes (at most the backend's 96): first, for each padded row count and longest
+ * window, the shape of every row at that window (which covers every step of those rows and
+ * windows, so none runs eagerly), then the shapes of fewer tokens, fewest rows first. Call after
+ * reserve, while no forward runs. Returns the graphs captured (0 on other
+ * backends or with graphs off), or -1 with a message. */
+int kd_cuda_warm_graphs(kd_backend *b, int32_t rows, int32_t max_graphs, kd_err *err);
 /* Programmatic dependent launches between the CUDA backend's kernels (on by default; see
  * kernels/cuda/launch.cuh), or plain stream order: process-wide; drops the captured graphs
  * (the next batches capture them again). Benchmarks. */
