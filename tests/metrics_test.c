@@ -53,6 +53,8 @@ static const struct {
     {KD_C_HANDOFF_FAILURES, "kdecode_handoff_failures_total", ""},
     {KD_C_HANDOFF_NCCL_FALLBACKS, "kdecode_handoff_nccl_fallbacks_total", ""},
     {KD_C_HANDOFF_WRITE_DEFERRALS, "kdecode_handoff_write_deferrals_total", ""},
+    {KD_C_GRAPH_CAPTURES, "kdecode_cuda_graph_captures_total", ""},
+    {KD_C_GRAPH_REPLAYS, "kdecode_cuda_graph_replays_total", ""},
 };
 
 static const struct {
@@ -369,8 +371,8 @@ static void check_families(const expo *e) {
     ck_assert_ptr_nonnull(f);
     ck_assert_str_eq(f->type, "gauge");
     ck_assert_double_eq(value_of(e, "kdecode_build_info", "version=\"0.1.0\""), 1.0);
-    /* nothing else: build_info, 2 labelled + 12 plain counter families, gauges, histograms */
-    ck_assert_int_eq(e->nf, 1 + 14 + (int)NELEM(want_gauges) + (int)NELEM(want_hists));
+    /* nothing else: build_info, 2 labelled + 14 plain counter families, gauges, histograms */
+    ck_assert_int_eq(e->nf, 1 + 16 + (int)NELEM(want_gauges) + (int)NELEM(want_hists));
 }
 
 START_TEST(fresh_registry_is_zero) {

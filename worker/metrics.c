@@ -70,6 +70,9 @@ static const counter_desc counter_descs[] = {
      "Handoffs that went over gRPC because no NCCL link to the decode worker could be made.", NULL},
     {"kdecode_handoff_write_deferrals_total",
      "Times the engine left arriving state chunks for after the next step (--handoff-write-budget).", NULL},
+    {"kdecode_cuda_graph_captures_total",
+     "CUDA graphs of decode step shapes captured (at start, --warm-graphs, and on first use).", NULL},
+    {"kdecode_cuda_graph_replays_total", "Decode steps run as a CUDA graph replay.", NULL},
 };
 _Static_assert(sizeof counter_descs / sizeof *counter_descs == KD_C_COUNT,
                "one description per counter");

@@ -40,6 +40,8 @@ typedef enum kd_metric_counter {
     KD_C_HANDOFF_FAILURES,             /* kdecode_handoff_failures_total */
     KD_C_HANDOFF_NCCL_FALLBACKS,       /* kdecode_handoff_nccl_fallbacks_total */
     KD_C_HANDOFF_WRITE_DEFERRALS,      /* kdecode_handoff_write_deferrals_total */
+    KD_C_GRAPH_CAPTURES,               /* kdecode_cuda_graph_captures_total */
+    KD_C_GRAPH_REPLAYS,                /* kdecode_cuda_graph_replays_total */
     KD_C_COUNT
 } kd_metric_counter;
 

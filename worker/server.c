@@ -1244,6 +1244,12 @@ static void publish(const kd_engine_stats *prev, const kd_engine_stats *st) {
     kd_metrics_add(m, KD_C_PREFIX_QUERIES, st->prefix.queries - prev->prefix.queries);
     kd_metrics_add(m, KD_C_PREFIX_HITS, st->prefix.hits - prev->prefix.hits);
     kd_metrics_add(m, KD_C_PREFIX_HIT_TOKENS, st->prefix.hit_tokens - prev->prefix.hit_tokens);
+    static int64_t captured, replays; /* the backend's so far (engine thread; 0 on the CPU) */
+    int64_t c = 0, r = 0;
+    kd_cuda_graph_stats(g_srv.be, &c, &r);
+    kd_metrics_add(m, KD_C_GRAPH_CAPTURES, (uint64_t)(c - captured));
+    kd_metrics_add(m, KD_C_GRAPH_REPLAYS, (uint64_t)(r - replays));
+    captured = c, replays = r;
 }
 
 /* Engine thread, g_srv.mu held: gives the handoff pool's slots beyond `keep` back to the
