@@ -1185,7 +1185,7 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             a.n_rows = nv, a.rows = d_vrows;
             KDA(kd_kda_verify(&a, kmode, max_len, s));
         }
-        if (np)
+        if (np && !(sk & KD_CUDA_SKIP_PREFILL))
             KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
                               cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
         if (side) {

@@ -1,11 +1,14 @@
 // cuda_test.cu: the CUDA backend against the CPU reference backend and the oracle. Needs a
 // GPU (run by tests/cuda/run_device.sh on the device machine, not a bazel test):
-//   cuda_test ORACLE_DIR [quick | skinny | fused]
+//   cuda_test ORACLE_DIR [quick | skinny | fused | prefill]
 // ORACLE_DIR holds tiny/ and small/ (model/ and vectors.safetensors), like ../shared/oracle.
 // `quick`: the random models only, fewer steps (for compute-sanitizer); `skinny`: the skinny
 // GEMM's checks (f) alone, as in quick (for racecheck, too slow for the quick mode's models);
 // `fused`: (g)'s conv + prepare cases alone, few steps, in plain stream order (for racecheck:
-// its kernel filter failed with an internal error on the conv's kernels, so it checks them all).
+// its kernel filter failed with an internal error on the conv's kernels, so it checks them all);
+// `prefill`: random models of K = 32, 64 and 128 (V = 48, 64, 128, 320) in each form of the prefill
+// recurrence (kd_cu_prefill_form), few steps, in plain stream order (for racecheck: under it the quick
+// mode's cuBLASLt table checks end in an internal error, "failed to handle a hardware exception").
 // Exit: 0 all passed ("ALL CUDA CHECKS PASSED"), 1 a check failed, 2 no CUDA device or bad usage.
 //
 // (a) Random models in memory (several shapes: grouped value heads with V = 2K, K = V = 128,
@@ -84,7 +87,7 @@ extern "C" {
 // ------------------------------------------------------------------------- reporting
 
 static int g_checks, g_failed;
-static bool g_plain_order; /* graph_case's backends in plain stream order (kd_cuda_set_pdl(0)) */
+static bool g_plain_order; /* graph_case and random_case: GPU backends in plain stream order (kd_cuda_set_pdl 0) */
 
 static bool report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool report(bool ok, const char *fmt, ...) {
@@ -437,12 +440,12 @@ static void state_api_checks(Pair &p, Rng &r) {
     report(ok, "%s synchronize%s%s", p.label.c_str(), ok ? "" : ": ", ok ? "" : err.msg);
 }
 
-static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t seed, int steps) {
+static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t seed, int steps, const char *tag = "") {
     RandModel m;
     build_model(m, s, seed);
     Pair p;
-    char lab[128];
-    snprintf(lab, sizeof lab, "[%s %s %s]", s.name, act_name(bf), kd_commit_mode_name(mode));
+    char lab[160];
+    snprintf(lab, sizeof lab, "[%s %s %s%s]", s.name, act_name(bf), kd_commit_mode_name(mode), tag);
     p.label = lab;
     p.c = m.c;
     p.vocab = m.c.vocab;
@@ -475,7 +478,8 @@ static void random_case(const Spec &s, int bf, kd_commit_mode mode, uint64_t see
          kd_backend_reserve(p.gpu, NS, ROWS, TOK, TW, mode, &err) == 0 &&
          kd_cuda_set_conv_prep(p.gpu, 1) == 0 &&
          (!bf || (kd_cuda_set_ksplit(p.gpu, ks_nb, 1, 512) == 0 && kd_cuda_set_skinny(p.gpu, ks_nb == 2) == 0 &&
-                  kd_cuda_set_gu_bf16(p.gpu, ks_nb == 2) == 0));
+                  kd_cuda_set_gu_bf16(p.gpu, ks_nb == 2) == 0)) &&
+         (!g_plain_order || kd_cuda_set_pdl(p.gpu, 0) == 0);
     if (!report(ok, "%s gpu load + reserve (D=%d L=%d H=%d HV=%d K=%d V=%d conv=%d W=%d I=%d vocab=%d lb=%d neg=%d tied=%d)%s%s",
                 lab, s.D, s.L, s.H, s.HV, s.K, s.V, s.conv, s.W, s.I, s.vocab, s.lb, s.neg, s.tied, ok ? "" : ": ",
                 ok ? "" : err.msg))
@@ -2084,8 +2088,9 @@ static void lt_checks(uint64_t seed, bool quick) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick") && strcmp(argv[2], "skinny") && strcmp(argv[2], "fused"))) {
-        fprintf(stderr, "usage: %s ORACLE_DIR [quick | skinny | fused]\n", argv[0]);
+    if (argc < 2 || (argc > 2 && strcmp(argv[2], "quick") && strcmp(argv[2], "skinny") && strcmp(argv[2], "fused") &&
+                      strcmp(argv[2], "prefill"))) {
+        fprintf(stderr, "usage: %s ORACLE_DIR [quick | skinny | fused | prefill]\n", argv[0]);
         return 2;
     }
     const bool quick = argc > 2;
@@ -2129,6 +2134,19 @@ int main(int argc, char **argv) {
                g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED", g_checks);
         return g_failed ? 1 : 0;
     }
+    if (quick && !strcmp(argv[2], "prefill")) { /* the prefill recurrence's forms alone (racecheck) */
+        g_plain_order = true;
+        for (int form = 0; form < 2; form++) {
+            kd_cu_prefill_form(form);
+            for (int i : {0, 1, 4, 5})
+                random_case(specs[i], 0, KD_COMMIT_DEFERRED, seed + 1000 * i + 7 + form, 2,
+                            form ? ", prefill form 1" : ", prefill form 0");
+        }
+        kd_cu_prefill_form(1);
+        printf("%s (%d checks, the prefill recurrence's cases alone)\n",
+               g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED", g_checks);
+        return g_failed ? 1 : 0;
+    }
     skinny_checks(seed + 41, quick);
     if (skinny_only) {
         printf("%s (%d checks, the skinny GEMM's alone)\n", g_failed ? "CUDA CHECKS FAILED" : "ALL CUDA CHECKS PASSED",
@@ -2150,6 +2168,10 @@ int main(int argc, char **argv) {
                 if (quick && (bf || i >= 3)) continue;
                 random_case(specs[i], bf, mode, seed + 1000 * i, quick ? 4 : (bf ? 8 : 14));
             }
+    /* the prefill recurrence's other form (kd_cu_prefill_form; the cases above run the default) */
+    kd_cu_prefill_form(0);
+    for (int i : {1, 4}) random_case(specs[i], 0, KD_COMMIT_DEFERRED, seed + 1000 * i + 7, 4, ", prefill form 0");
+    kd_cu_prefill_form(1);
     sampling_case(257, seed + 11, quick ? 2 : 12);
     sampling_case(163840, seed + 12, quick ? 1 : 3);
     graph_case(specs[0], seed + 21, quick ? 10 : 40);

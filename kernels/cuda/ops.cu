@@ -467,6 +467,89 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
         for (int c = 0; c < K; c++) S[(size_t)c * V + j] = st[c];
 }
 
+// kd_cu_prefill's form 1 (ops.cuh): thread t of the block: column j = the stripe's (t / 32) * 8 +
+// lane / 4, part p = lane % 4, holding rows c = p + 4 i (i < K / 4) of the column; the 4 parts of
+// a column are neighbouring lanes, so their sums join with two xor shuffles. Threads t < K load
+// the next token's q, k and decay entry c = t, t < 32 its v of column t, t == 32 its beta; all
+// into registers at the top of a token, stored into the idle half of the double buffer after the
+// token's arithmetic, then one barrier.
+template <int K>
+__global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, int H, int HV, int V, float *state,
+                                                       int64_t ss, const float *qn, const float *kn,
+                                                       const float *decay, const float *beta, const float *v,
+                                                       float *o) {
+    constexpr int KP = K / 4;
+    static_assert(K % 8 == 0 && K <= 128, "K / 4 rows a thread, in pairs; q, k and decay loaded a thread an entry");
+    __shared__ float sq[2][K], sk[2][K], sd[2][K], sv[2][32], sb[2];
+    const kd_cu_prow r = rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (HV / H);
+    const int tid = threadIdx.x, lane = tid & 31, p = lane & 3;
+    const int j0 = blockIdx.x * 32, jl = (tid >> 5) * 8 + (lane >> 2), j = j0 + jl;
+    const bool live = j < V;
+    float *S = state + (size_t)r.slot * ss + (size_t)h * K * V;
+    float st[KP];
+#pragma unroll
+    for (int i = 0; i < KP; i++) st[i] = live ? S[(size_t)(p + 4 * i) * V + j] : 0.f;
+    /* the next token's inputs, in registers until the buffer half they go to is idle */
+    float a = 0.f, b = 0.f, c = 0.f, va = 0.f, bb = 0.f;
+    auto fetch_all = [&](size_t n) {
+        if (tid < K) {
+            a = qn[(n * H + hk) * K + tid];
+            b = kn[(n * H + hk) * K + tid];
+            c = decay[(n * HV + h) * K + tid];
+        }
+        if (tid < 32) va = j0 + tid < V ? v[(n * HV + h) * V + j0 + tid] : 0.f;
+        if (tid == 32) bb = beta[n * HV + h];
+    };
+    auto store_all = [&](int buf) {
+        if (tid < K) sq[buf][tid] = a, sk[buf][tid] = b, sd[buf][tid] = c;
+        if (tid < 32) sv[buf][tid] = va;
+        if (tid == 32) sb[buf] = bb;
+    };
+    if (r.len > 0) {
+        fetch_all((size_t)r.start);
+        store_all(0);
+    }
+    __syncthreads();
+    for (int t = 0; t < r.len; t++) {
+        const int cur = t & 1;
+        const size_t n = (size_t)r.start + t;
+        if (t + 1 < r.len) fetch_all(n + 1);
+        const float *q_ = sq[cur], *k_ = sk[cur], *d_ = sd[cur];
+        float k0 = 0.f, k1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < KP; i += 2) { /* KP is even: two chains */
+            const int c0 = p + 4 * i, c1 = c0 + 4;
+            st[i] *= d_[c0];
+            st[i + 1] *= d_[c1];
+            k0 += k_[c0] * st[i];
+            k1 += k_[c1] * st[i + 1];
+        }
+        float ks = k0 + k1;
+        ks += __shfl_xor_sync(0xffffffffu, ks, 1);
+        ks += __shfl_xor_sync(0xffffffffu, ks, 2);
+        const float u = sb[cur] * (sv[cur][jl] - ks);
+        float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < KP; i += 2) {
+            const int c0 = p + 4 * i, c1 = c0 + 4;
+            st[i] += k_[c0] * u;
+            st[i + 1] += k_[c1] * u;
+            o0 += q_[c0] * st[i];
+            o1 += q_[c1] * st[i + 1];
+        }
+        float os = o0 + o1;
+        os += __shfl_xor_sync(0xffffffffu, os, 1);
+        os += __shfl_xor_sync(0xffffffffu, os, 2);
+        if (live && p == 0) o[(n * HV + h) * V + j] = os;
+        if (t + 1 < r.len) store_all(cur ^ 1);
+        __syncthreads();
+    }
+    if (live)
+#pragma unroll
+        for (int i = 0; i < KP; i++) S[(size_t)(p + 4 * i) * V + j] = st[i];
+}
+
 // One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
 // only prefetch [pf, pf + pf_bytes) into the L2, 16 KiB a bulk prefetch, chunk c from block
 // nb + c % pf_blocks: they neither wait nor read anything the step writes (the weights are never
@@ -768,16 +851,34 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
     return cudaGetLastError();
 }
 
+static std::atomic<int> g_prefill_form{1};
+
+int kd_cu_prefill_form(int form) {
+    if (form != 0 && form != 1) return g_prefill_form.load();
+    return g_prefill_form.exchange(form);
+}
+
+template <int K>
+static void launch_prefill(int form, dim3 grid, cudaStream_t s, const kd_cu_prow *rows, int H, int HV, int V,
+                           float *state, int64_t ss, const float *qn, const float *kn, const float *decay,
+                           const float *beta, const float *v, float *o) {
+    if (form == 1)
+        prefill4_kernel<K><<<grid, 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
+    else
+        prefill_kernel<K><<<grid, 32, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
+}
+
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,
                           int64_t state_stride, const float *qn, const float *kn, const float *decay, const float *beta, const float *v,
                           float *o, cudaStream_t s) {
     if (n_rows <= 0) return cudaSuccess;
     if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)n_rows);
+    const int form = g_prefill_form.load(std::memory_order_relaxed);
     switch (K) {
-    case 32: prefill_kernel<32><<<grid, 32, 0, s>>>(rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
-    case 64: prefill_kernel<64><<<grid, 32, 0, s>>>(rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
-    case 128: prefill_kernel<128><<<grid, 32, 0, s>>>(rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
+    case 32: launch_prefill<32>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
+    case 64: launch_prefill<64>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
+    case 128: launch_prefill<128>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

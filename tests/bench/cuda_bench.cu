@@ -39,6 +39,9 @@
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
+//   KD_BENCH_PREFILL=1 cuda_bench ...: only prefill forwards (1-12 prompts of 64-1536 tokens, eager) with the
+//   recurrence's form 0 and form 1 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
+//   rounds (the first dropped), medians into OUT_PREFIX.json and .md.
 //   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
 //   each, their medians (printed only): two builds run alternately in one session compare their kernels.
 //   KD_BENCH_E2E=1 cuda_bench ...: only the end-to-end runs (3), their table printed (nothing written): two
@@ -80,6 +83,7 @@
 
 #include "kd/backend.h"
 #include "kernels/cuda/kda.cuh"
+#include "kernels/cuda/ops.cuh"
 extern "C" {
 #include "worker/engine.h"
 #include "worker/mkmodel.h"
@@ -101,6 +105,27 @@ static double now() {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* a results JSON's first fields, up to the command's (argv: OUT_PREFIX COMMIT COMMAND) */
+static std::string json_head(const char *device, const char *date, char **argv) {
+    return std::string("{\n  \"device\": \"") + device + "\",\n  \"date\": \"" + date + "\",\n  \"commit\": \"" +
+           argv[2] + "\",\n  \"command\": \"" + argv[3] + "\",\n";
+}
+
+/* PREFIX.json and PREFIX.md (argv[1]) of a mode that writes its own results: the page's title, the device, date,
+ * commit and command line, then text (its description and table) */
+static void write_results(char **argv, const char *device, const char *date, const char *title,
+                          const std::string &json, const std::string &text) {
+    const std::string pj = std::string(argv[1]) + ".json", pm = std::string(argv[1]) + ".md";
+    FILE *f = fopen(pj.c_str(), "w");
+    if (f) fputs(json.c_str(), f), fclose(f);
+    FILE *g = fopen(pm.c_str(), "w");
+    if (g)
+        fprintf(g, "# %s\n\ndevice: %s; date: %s; commit: %s; command: `%s`\n\n%s", title, device, date, argv[2],
+                argv[3], text.c_str()),
+            fclose(g);
+    if (!f || !g) fprintf(stderr, "cannot write %s or %s\n", pj.c_str(), pm.c_str());
 }
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -420,6 +445,63 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
+    if (getenv("KD_BENCH_PREFILL")) { /* prefill forwards (eager): the recurrence's two forms, and without it */
+        const int pcs[][2] = {{1, 64}, {1, 512}, {1, 1536}, {6, 64}, {4, 384}, {12, 128}};
+        std::string md = "| prompts | tokens each | forward ms, form 0 | form 1 | without the recurrence | recurrence ms, "
+                         "form 0 | form 1 | form 0 / form 1 (recurrence) | (forward) | prompt tokens/s, form 1 |\n"
+                         "|---|---|---|---|---|---|---|---|---|---|\n",
+                    js = json_head(info.device0_name, date, argv) + "  \"rounds\": 6,\n  \"points\": [\n";
+        char line[512];
+        for (const auto &pc : pcs) {
+            std::vector<kd_batch_row> rows((size_t)pc[0]);
+            std::vector<int32_t> tok((size_t)pc[0] * pc[1]);
+            for (auto &x : tok) x = (int32_t)(rnd() % (uint64_t)VOC);
+            for (int r = 0; r < pc[0]; r++) {
+                memset(&rows[(size_t)r], 0, sizeof rows[0]);
+                rows[(size_t)r].slot = r, rows[(size_t)r].n_tokens = pc[1], rows[(size_t)r].kind = KD_ROW_PREFILL;
+                rows[(size_t)r].logits = KD_LOGITS_NONE;
+            }
+            kd_batch b;
+            b.n_rows = pc[0], b.rows = rows.data(), b.tokens = tok.data();
+            std::vector<double> t[3]; /* form 0, form 1, the recurrence left out */
+            for (int round = 0; round < 7; round++)
+                for (int v = 0; v < 3; v++) {
+                    kd_cu_prefill_form(v == 0 ? 0 : 1);
+                    kd_cuda_set_skip(be, v == 2 ? KD_CUDA_SKIP_PREFILL : 0);
+                    for (int r = 0; r < pc[0]; r++)
+                        if (kd_backend_reset_slot(be, r, &err)) return printf("reset: %s\n", err.msg), 1;
+                    const double t0 = now();
+                    if (kd_backend_forward(be, &b, nullptr, &err)) return printf("prefill: %s\n", err.msg), 1;
+                    if (round > 0) t[v].push_back(now() - t0);
+                }
+            for (auto &x : t) std::sort(x.begin(), x.end());
+            /* medians of 6 */
+            const double f0 = 0.5e3 * (t[0][2] + t[0][3]), f1 = 0.5e3 * (t[1][2] + t[1][3]),
+                         f2 = 0.5e3 * (t[2][2] + t[2][3]);
+            snprintf(line, sizeof line, "| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f |\n", pc[0],
+                     pc[1], f0, f1, f2, f0 - f2, f1 - f2, (f0 - f2) / (f1 - f2), f0 / f1, pc[0] * pc[1] / (f1 * 1e-3));
+            md += line;
+            printf("prefill: %s", line);
+            snprintf(line, sizeof line,
+                     "%s    {\"prompts\": %d, \"tokens\": %d, \"forward_ms_form0\": %.4f, \"forward_ms_form1\": %.4f, "
+                     "\"forward_ms_without_recurrence\": %.4f}",
+                     &pc == &pcs[0] ? "" : ",\n", pc[0], pc[1], f0, f1, f2);
+            js += line;
+        }
+        js += "\n  ]\n}\n";
+        kd_cu_prefill_form(1);
+        kd_cuda_set_skip(be, 0);
+        write_results(argv, info.device0_name, date, "Kimi-Linear-48B KDA preset: prefill forwards, the KDA "
+                      "recurrence's two forms", js,
+                      "Eager forwards of prefill rows (no logits) from zeroed slots, bf16 activations, fp32 state: "
+                      "the recurrence (kd_cu_prefill) in form 0 (a column a thread) and form 1 (a column 4 threads, "
+                      "the next token prefetched; the default), and the same forward without it "
+                      "(KD_CUDA_SKIP_PREFILL), the three alternated over 7 rounds, the first dropped; medians of 6. "
+                      "The recurrence's time is the forward's less the forward without it.\n\n" + md);
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
     if (getenv("KD_BENCH_STEPS")) { /* this build's steps, for a comparison between builds */
         static std::vector<int32_t> rec(128, 0);
         const int pts[][2] = {{1, 0}, {1, 3}, {4, 3}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
@@ -537,9 +619,7 @@ int main(int argc, char **argv) {
         std::vector<int32_t> rec0(128, 0);
         std::string md = "| B | s | rows | step ms, f/g on the step's stream | step ms, on a second stream | "
                          "second / first |\n|---|---|---|---|---|---|\n",
-                    js = "{\n  \"device\": \"" + std::string(info.device0_name) + "\",\n  \"date\": \"" + date +
-                         "\",\n  \"commit\": \"" + argv[2] + "\",\n  \"command\": \"" + argv[3] +
-                         "\",\n  \"rounds\": 5,\n  \"steps_per_round\": 20,\n  \"points\": [\n";
+                    js = json_head(info.device0_name, date, argv) + "  \"rounds\": 5,\n  \"steps_per_round\": 20,\n  \"points\": [\n";
         char line[256];
         for (const auto &pt : pts) {
             const int Bn = pt[0], T = 1 + pt[1];
@@ -564,20 +644,15 @@ int main(int argc, char **argv) {
         }
         js += "\n  ]\n}\n";
         kd_cuda_set_side_rows(be, side_rows_default);
-        const std::string pj = std::string(argv[1]) + ".json", pm = std::string(argv[1]) + ".md";
-        FILE *f = fopen(pj.c_str(), "w");
-        if (f) fputs(js.c_str(), f), fclose(f);
-        f = fopen(pm.c_str(), "w");
-        if (f) {
-            fprintf(f, "# Kimi-Linear-48B KDA preset: f_proj.1 and g_proj.1 on a second stream, by rows\n\n"
-                       "device: %s; date: %s; commit: %s; command: `%s`\n\n"
-                       "Decode steps (graphs, greedy, every draft accepted) of B rows of s + 1 tokens, with f_proj.1 "
-                       "and g_proj.1 on the step's stream (kd_cuda_set_side_rows 0) and on the second stream "
-                       "(kd_cuda_set_side_rows 1), the two alternated over 5 rounds of 20 steps (3 warm-up "
-                       "steps each); medians. The backend's default takes the second stream from %d rows.\n\n%s",
-                    info.device0_name, date, argv[2], argv[3], side_rows_default, md.c_str());
-            fclose(f);
-        }
+        char text[640];
+        snprintf(text, sizeof text,
+                 "Decode steps (graphs, greedy, every draft accepted) of B rows of s + 1 tokens, with f_proj.1 "
+                 "and g_proj.1 on the step's stream (kd_cuda_set_side_rows 0) and on the second stream "
+                 "(kd_cuda_set_side_rows 1), the two alternated over 5 rounds of 20 steps (3 warm-up "
+                 "steps each); medians. The backend's default takes the second stream from %d rows.\n\n",
+                 side_rows_default);
+        write_results(argv, info.device0_name, date,
+                      "Kimi-Linear-48B KDA preset: f_proj.1 and g_proj.1 on a second stream, by rows", js, text + md);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -339,7 +339,8 @@ enum {
     KD_CUDA_SKIP_GATED_NORM = 128, /* the output's gated RMSNorm */
     KD_CUDA_SKIP_O_PROJ = 256,    /* o_proj */
     KD_CUDA_SKIP_MLP = 512,       /* gate|up (+ SwiGLU) and the down projection */
-    KD_CUDA_SKIP_HEAD = 1024      /* the head's product (sampling still runs) */
+    KD_CUDA_SKIP_HEAD = 1024,     /* the head's product (sampling still runs) */
+    KD_CUDA_SKIP_PREFILL = 2048   /* the recurrence of prefill rows */
 };
 int kd_cuda_set_skip(kd_backend *b, unsigned kernels);
 /* The L2 prefetch of weights (by default mode 4, 20 % of the L2, at most 4 requests): in forwards
