@@ -467,29 +467,30 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
         for (int c = 0; c < K; c++) S[(size_t)c * V + j] = st[c];
 }
 
-// kd_cu_prefill's form 1 (ops.cuh): thread t of the block: column j = the stripe's (t / 32) * 8 +
-// lane / 4, part p = lane % 4, holding rows c = p + 4 i (i < K / 4) of the column; the 4 parts of
-// a column are neighbouring lanes, so their sums join with two xor shuffles. Threads t < K load
-// the next token's q, k and decay entry c = t, t < 32 its v of column t, t == 32 its beta; all
-// into registers at the top of a token, stored into the idle half of the double buffer after the
-// token's arithmetic, then one barrier.
-template <int K>
+// kd_cu_prefill's forms 1 and 2 (ops.cuh), TPC = 4 or 8 threads a column, CPB = 128 / TPC columns
+// a block: thread t takes column j = the stripe's t / TPC, part p = t % TPC, holding rows c = p + TPC i
+// (i < K / TPC) of the column; the TPC parts of a column are neighbouring lanes, so their sums join
+// with xor shuffles. Threads t < K load the next token's q, k and decay entry c = t, t < CPB its v
+// of column t, t == 32 its beta; all into registers at the top of a token, stored into the idle
+// half of the double buffer after the token's arithmetic, then one barrier.
+template <int K, int TPC>
 __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, int H, int HV, int V, float *state,
                                                        int64_t ss, const float *qn, const float *kn,
                                                        const float *decay, const float *beta, const float *v,
                                                        float *o) {
-    constexpr int KP = K / 4;
-    static_assert(K % 8 == 0 && K <= 128, "K / 4 rows a thread, in pairs; q, k and decay loaded a thread an entry");
-    __shared__ float sq[2][K], sk[2][K], sd[2][K], sv[2][32], sb[2];
+    constexpr int KP = K / TPC, CPB = 128 / TPC;
+    static_assert((TPC == 4 || TPC == 8) && K % (2 * TPC) == 0 && K <= 128,
+                  "K / TPC rows a thread, in pairs; q, k and decay loaded a thread an entry");
+    __shared__ float sq[2][K], sk[2][K], sd[2][K], sv[2][CPB], sb[2];
     const kd_cu_prow r = rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (HV / H);
-    const int tid = threadIdx.x, lane = tid & 31, p = lane & 3;
-    const int j0 = blockIdx.x * 32, jl = (tid >> 5) * 8 + (lane >> 2), j = j0 + jl;
+    const int tid = threadIdx.x, p = tid % TPC;
+    const int j0 = blockIdx.x * CPB, jl = tid / TPC, j = j0 + jl;
     const bool live = j < V;
     float *S = state + (size_t)r.slot * ss + (size_t)h * K * V;
     float st[KP];
 #pragma unroll
-    for (int i = 0; i < KP; i++) st[i] = live ? S[(size_t)(p + 4 * i) * V + j] : 0.f;
+    for (int i = 0; i < KP; i++) st[i] = live ? S[(size_t)(p + TPC * i) * V + j] : 0.f;
     /* the next token's inputs, in registers until the buffer half they go to is idle */
     float a = 0.f, b = 0.f, c = 0.f, va = 0.f, bb = 0.f;
     auto fetch_all = [&](size_t n) {
@@ -498,12 +499,12 @@ __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, i
             b = kn[(n * H + hk) * K + tid];
             c = decay[(n * HV + h) * K + tid];
         }
-        if (tid < 32) va = j0 + tid < V ? v[(n * HV + h) * V + j0 + tid] : 0.f;
+        if (tid < CPB) va = j0 + tid < V ? v[(n * HV + h) * V + j0 + tid] : 0.f;
         if (tid == 32) bb = beta[n * HV + h];
     };
     auto store_all = [&](int buf) {
         if (tid < K) sq[buf][tid] = a, sk[buf][tid] = b, sd[buf][tid] = c;
-        if (tid < 32) sv[buf][tid] = va;
+        if (tid < CPB) sv[buf][tid] = va;
         if (tid == 32) sb[buf] = bb;
     };
     if (r.len > 0) {
@@ -519,35 +520,35 @@ __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, i
         float k0 = 0.f, k1 = 0.f;
 #pragma unroll
         for (int i = 0; i < KP; i += 2) { /* KP is even: two chains */
-            const int c0 = p + 4 * i, c1 = c0 + 4;
+            const int c0 = p + TPC * i, c1 = c0 + TPC;
             st[i] *= d_[c0];
             st[i + 1] *= d_[c1];
             k0 += k_[c0] * st[i];
             k1 += k_[c1] * st[i + 1];
         }
         float ks = k0 + k1;
-        ks += __shfl_xor_sync(0xffffffffu, ks, 1);
-        ks += __shfl_xor_sync(0xffffffffu, ks, 2);
+#pragma unroll
+        for (int m = 1; m < TPC; m <<= 1) ks += __shfl_xor_sync(0xffffffffu, ks, m);
         const float u = sb[cur] * (sv[cur][jl] - ks);
         float o0 = 0.f, o1 = 0.f;
 #pragma unroll
         for (int i = 0; i < KP; i += 2) {
-            const int c0 = p + 4 * i, c1 = c0 + 4;
+            const int c0 = p + TPC * i, c1 = c0 + TPC;
             st[i] += k_[c0] * u;
             st[i + 1] += k_[c1] * u;
             o0 += q_[c0] * st[i];
             o1 += q_[c1] * st[i + 1];
         }
         float os = o0 + o1;
-        os += __shfl_xor_sync(0xffffffffu, os, 1);
-        os += __shfl_xor_sync(0xffffffffu, os, 2);
+#pragma unroll
+        for (int m = 1; m < TPC; m <<= 1) os += __shfl_xor_sync(0xffffffffu, os, m);
         if (live && p == 0) o[(n * HV + h) * V + j] = os;
         if (t + 1 < r.len) store_all(cur ^ 1);
         __syncthreads();
     }
     if (live)
 #pragma unroll
-        for (int i = 0; i < KP; i++) S[(size_t)(p + 4 * i) * V + j] = st[i];
+        for (int i = 0; i < KP; i++) S[(size_t)(p + TPC * i) * V + j] = st[i];
 }
 
 // One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
@@ -854,7 +855,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 static std::atomic<int> g_prefill_form{1};
 
 int kd_cu_prefill_form(int form) {
-    if (form != 0 && form != 1) return g_prefill_form.load();
+    if (form < 0 || form > 2) return g_prefill_form.load();
     return g_prefill_form.exchange(form);
 }
 
@@ -862,8 +863,11 @@ template <int K>
 static void launch_prefill(int form, dim3 grid, cudaStream_t s, const kd_cu_prow *rows, int H, int HV, int V,
                            float *state, int64_t ss, const float *qn, const float *kn, const float *decay,
                            const float *beta, const float *v, float *o) {
-    if (form == 1)
-        prefill4_kernel<K><<<grid, 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
+    if (form == 2)
+        prefill4_kernel<K, 8><<<dim3((V + 15) / 16, grid.y, grid.z), 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn,
+                                                                                 decay, beta, v, o);
+    else if (form == 1)
+        prefill4_kernel<K, 4><<<grid, 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
     else
         prefill_kernel<K><<<grid, 32, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
 }

@@ -39,8 +39,8 @@ fi
 
 # The CUDA backend against the CPU backend (random models: every op, every commit mode, fp32
 # and bf16 activations) and the oracle checkpoints (kernels/cuda/cuda_test.cu). memcheck
-# on the quick mode (random models only), racecheck on the skinny GEMM's checks and the conv +
-# prepare cases, then the full run.
+# on the quick mode (random models only), racecheck on the skinny GEMM's checks, the conv +
+# prepare cases and the prefill recurrence's cases, then the full run.
 oracle=${3:-${KDECODE_ORACLE:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/oracle}}
 if [[ -x $san ]]; then
   "$san" --tool memcheck --error-exitcode 3 "$bin/cuda_test" "$oracle" quick > "$out/cuda_test_memcheck.log" 2>&1 \
@@ -55,6 +55,11 @@ if [[ -x $san ]]; then
   "$san" --tool racecheck --error-exitcode 3 "$bin/cuda_test" "$oracle" fused \
     > "$out/cuda_test_racecheck_conv.log" 2>&1 || { tail -40 "$out/cuda_test_racecheck_conv.log"; exit 3; }
   tail -4 "$out/cuda_test_racecheck_conv.log"
+  # and on the prefill recurrence's two forms (cuda_test's prefill mode; the quick mode's cuBLASLt checks end in
+  # an internal error of racecheck)
+  "$san" --tool racecheck --error-exitcode 3 "$bin/cuda_test" "$oracle" prefill \
+    > "$out/cuda_test_racecheck_prefill.log" 2>&1 || { tail -40 "$out/cuda_test_racecheck_prefill.log"; exit 3; }
+  tail -4 "$out/cuda_test_racecheck_prefill.log"
 fi
 "$bin/cuda_test" "$oracle" 2>&1 | tee "$out/cuda_test.log"
 
