@@ -467,12 +467,13 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
         for (int c = 0; c < K; c++) S[(size_t)c * V + j] = st[c];
 }
 
-// kd_cu_prefill's forms 1 and 2 (ops.cuh), TPC = 4 or 8 threads a column, CPB = 128 / TPC columns
-// a block: thread t takes column j = the stripe's t / TPC, part p = t % TPC, holding rows c = p + TPC i
-// (i < K / TPC) of the column; the TPC parts of a column are neighbouring lanes, so their sums join
-// with xor shuffles. Threads t < K load the next token's q, k and decay entry c = t, t < CPB its v
-// of column t, t == 32 its beta; all into registers at the top of a token, stored into the idle
-// half of the double buffer after the token's arithmetic, then one barrier.
+// kd_cu_prefill's form 1 (ops.cuh), TPC threads a column (4; 8 was measured: 2 % faster at one long prompt,
+// 7-25 % slower from two, results/prefill_h200.md), CPB = 128 / TPC columns a block: thread t takes
+// column j = the stripe's t / TPC, part p = t % TPC, holding rows c = p + TPC i (i < K / TPC) of the
+// column; the TPC parts of a column are neighbouring lanes, so their sums join with xor shuffles.
+// Threads t < K load the next token's q, k and decay entry c = t, t < CPB its v of column t, t == 32
+// its beta; all into registers at the top of a token, stored into the idle half of the double buffer
+// after the token's arithmetic, then one barrier.
 template <int K, int TPC>
 __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, int H, int HV, int V, float *state,
                                                        int64_t ss, const float *qn, const float *kn,
@@ -857,7 +858,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 static std::atomic<int> g_prefill_form{1};
 
 int kd_cu_prefill_form(int form) {
-    if (form < 0 || form > 2) return g_prefill_form.load();
+    if (form != 0 && form != 1) return g_prefill_form.load();
     return g_prefill_form.exchange(form);
 }
 
@@ -865,10 +866,7 @@ template <int K>
 static void launch_prefill(int form, dim3 grid, cudaStream_t s, const kd_cu_prow *rows, int H, int HV, int V,
                            float *state, int64_t ss, const float *qn, const float *kn, const float *decay,
                            const float *beta, const float *v, float *o) {
-    if (form == 2)
-        prefill4_kernel<K, 8><<<dim3((V + 15) / 16, grid.y, grid.z), 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn,
-                                                                                 decay, beta, v, o);
-    else if (form == 1)
+    if (form == 1)
         prefill4_kernel<K, 4><<<grid, 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
     else
         prefill_kernel<K><<<grid, 32, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);

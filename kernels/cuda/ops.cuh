@@ -156,7 +156,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 // qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state
 // slot s's [HV][K][V] at state + s * state_stride. K must be 32, 64 or 128 (else
 // cudaErrorInvalidValue).
-// Three forms (kd_cu_prefill_form, process-wide; default 1):
+// Two forms (kd_cu_prefill_form, process-wide; default 1):
 // 0: a block of 32 threads a 32-column stripe of one head's state, a column a thread (K of its
 //    floats in registers): every token two dependent chains of K FMAs a thread and two block
 //    barriers around a load of the token's q, k and decay.
@@ -164,12 +164,10 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 //    joined by two shuffles): chains of K / 4 (two accumulators each), and the next token's q,
 //    k, decay, beta and v loaded into registers while this one computes, then stored into the
 //    other half of a double buffer in shared memory: one barrier a token, no load on its path.
-// 2: as 1 with a column 8 threads (K / 8 floats each, three shuffles), a block 16 columns: twice the
-//    blocks, chains half as long.
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V,
                           float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
                           const float *beta, const float *v, float *o, cudaStream_t s);
-// Sets the form kd_cu_prefill launches (0, 1 or 2, above; anything else is ignored) and returns the
+// Sets the form kd_cu_prefill launches (0 or 1, above; anything else is ignored) and returns the
 // previous one: benchmarks and tests.
 int kd_cu_prefill_form(int form);
 
