@@ -467,20 +467,20 @@ __global__ void __launch_bounds__(32) prefill_kernel(const kd_cu_prow *rows, int
         for (int c = 0; c < K; c++) S[(size_t)c * V + j] = st[c];
 }
 
-// kd_cu_prefill's form 1 (ops.cuh), TPC threads a column (4; 8 was measured: 2 % faster at one long prompt,
+// kd_cu_prefill's form 1 (ops.cuh), TPC = 4 threads a column (8 was measured: 2 % faster at one long prompt,
 // 7-25 % slower from two, results/prefill_h200.md), CPB = 128 / TPC columns a block: thread t takes
 // column j = the stripe's t / TPC, part p = t % TPC, holding rows c = p + TPC i (i < K / TPC) of the
 // column; the TPC parts of a column are neighbouring lanes, so their sums join with xor shuffles.
 // Threads t < K load the next token's q, k and decay entry c = t, t < CPB its v of column t, t == 32
 // its beta; all into registers at the top of a token, stored into the idle half of the double buffer
 // after the token's arithmetic, then one barrier.
-template <int K, int TPC>
+template <int K>
 __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, int H, int HV, int V, float *state,
                                                        int64_t ss, const float *qn, const float *kn,
                                                        const float *decay, const float *beta, const float *v,
                                                        float *o) {
-    constexpr int KP = K / TPC, CPB = 128 / TPC;
-    static_assert((TPC == 4 || TPC == 8) && K % (2 * TPC) == 0 && K <= 128,
+    constexpr int TPC = 4, KP = K / TPC, CPB = 128 / TPC;
+    static_assert(K % (2 * TPC) == 0 && K <= 128,
                   "K / TPC rows a thread, in pairs; q, k and decay loaded a thread an entry");
     __shared__ float sq[2][K], sk[2][K], sd[2][K], sv[2][CPB], sb[2];
     const kd_cu_prow r = rows[blockIdx.z];
@@ -867,7 +867,7 @@ static void launch_prefill(int form, dim3 grid, cudaStream_t s, const kd_cu_prow
                            float *state, int64_t ss, const float *qn, const float *kn, const float *decay,
                            const float *beta, const float *v, float *o) {
     if (form == 1)
-        prefill4_kernel<K, 4><<<grid, 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
+        prefill4_kernel<K><<<grid, 128, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
     else
         prefill_kernel<K><<<grid, 32, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
 }
