@@ -54,6 +54,10 @@
 //     leading dimensions, beta 0 and 1, and every shape of its table at both ends of its row
 //     range with the table's algorithm (sampled outputs; no NaN left of the poison); its plans
 //     kept once a shape, the oldest replaced past KD_LT_PLANS; the shapes it must refuse.
+// (i) The prefill recurrence (kd_cu_prefill) in each form against a float64 recurrence: rows of
+//     0..300 tokens (chunks of 8 and partial ones), grouped value heads, K = 32 / 64 / 128, V up
+//     to 320, decays from 1e-30 to 1; the state's padding and the slots no row names untouched.
+//     The random models of (a) run each form too (default 1; 0, 2, 3 on some shapes).
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1454,6 +1458,103 @@ static void conv_prep_checks(uint64_t seed) {
                 conv_prep_case(sh[0], sh[1], sh[2], sh[3], v == 1, v == 2, v != 0, form, seed + i);
 }
 
+// kd_cu_prefill in one form against a float64 recurrence (KDA.md §2.6) on fresh random inputs:
+// rows of random lengths (one long, some 1-9 tokens, one empty) over distinct slots of a padded
+// state (slot stride past HV K V, the padding and the slots no row names poisoned and checked
+// untouched), grouped value heads, normalised keys and queries, betas in (0, 1), decays from
+// 1e-30 to 1 (some exactly 1, some tiny: products that underflow); o poisoned. Compared: o and
+// the rows' states (relative error over each), NaN anywhere fails.
+static void prefill_case(int form, int H, int HV, int K, int V, int long_len, uint64_t seed) {
+    Rng r(seed);
+    const int NS = 6;
+    const int lens[NS] = {long_len, 1 + r.uni(9), 0, 8, 1 + r.uni(9), 9 + r.uni(24)};
+    const int slot_of[NS] = {3, 0, 5, 6, 2, 1}; /* slot 4 (and 7) named by no row */
+    const int64_t SS = (int64_t)HV * K * V + 40, NSL = 8;
+    std::vector<kd_cu_prow> rows(NS);
+    int64_t N = 0;
+    for (int i = 0; i < NS; i++) rows[i].slot = slot_of[i], rows[i].start = (int32_t)N, rows[i].len = lens[i],
+                                 rows[i].pad = 0, N += lens[i];
+    std::vector<float> q((size_t)(N * H * K)), k(q.size()), d((size_t)(N * HV * K)), b((size_t)(N * HV)),
+        v((size_t)(N * HV * V)), st((size_t)(NSL * SS), NAN);
+    for (int64_t n = 0; n < N * H; n++) { /* unit keys, queries scaled by K^-1/2 */
+        double nk = 0, nq = 0;
+        for (int c = 0; c < K; c++) {
+            k[n * K + c] = (float)r.normal(), q[n * K + c] = (float)r.normal();
+            nk += (double)k[n * K + c] * k[n * K + c], nq += (double)q[n * K + c] * q[n * K + c];
+        }
+        for (int c = 0; c < K; c++)
+            k[n * K + c] = (float)(k[n * K + c] / sqrt(nk)), q[n * K + c] = (float)(q[n * K + c] / sqrt(nq * K));
+    }
+    for (auto &x : d) {
+        const int kind = r.uni(10);
+        x = kind == 0 ? 1.f : kind == 1 ? (float)(1e-30 * r.u01()) : (float)exp(-2.0 * r.u01());
+    }
+    for (auto &x : b) x = (float)r.u01();
+    for (auto &x : v) x = (float)r.normal();
+    for (int i = 0; i < NS; i++)
+        for (int64_t e = 0; e < (int64_t)HV * K * V; e++) st[(size_t)(slot_of[i] * SS + e)] = (float)(0.2 * r.normal());
+    const std::vector<float> st0 = st;
+    /* float64 reference */
+    std::vector<double> ro((size_t)(N * HV * V)), rs(st.begin(), st.end());
+    for (int i = 0; i < NS; i++)
+        for (int h = 0; h < HV; h++) {
+            double *S = rs.data() + (size_t)(slot_of[i] * SS + (int64_t)h * K * V);
+            const int hk = h / (HV / H);
+            for (int t = 0; t < lens[i]; t++) {
+                const int64_t n = rows[i].start + t;
+                const float *kk = &k[(size_t)((n * H + hk) * K)], *qq = &q[(size_t)((n * H + hk) * K)],
+                            *dd = &d[(size_t)((n * HV + h) * K)];
+                for (int c = 0; c < K; c++)
+                    for (int j = 0; j < V; j++) S[c * V + j] *= dd[c];
+                for (int j = 0; j < V; j++) {
+                    double ks = 0;
+                    for (int c = 0; c < K; c++) ks += kk[c] * S[c * V + j];
+                    const double u = b[(size_t)(n * HV + h)] * (v[(size_t)((n * HV + h) * V + j)] - ks);
+                    double os = 0;
+                    for (int c = 0; c < K; c++) S[c * V + j] += kk[c] * u, os += qq[c] * S[c * V + j];
+                    ro[(size_t)((n * HV + h) * V + j)] = os;
+                }
+            }
+        }
+    void *dq = nullptr, *dk = nullptr, *dd = nullptr, *db = nullptr, *dv = nullptr, *ds = nullptr, *dout = nullptr,
+         *drows = nullptr;
+    bool ok = to_dev(&dq, q) && to_dev(&dk, k) && to_dev(&dd, d) && to_dev(&db, b) && to_dev(&dv, v) &&
+              to_dev(&ds, st) && to_dev(&dout, poisoned(ro.size())) && to_dev(&drows, rows);
+    cudaError_t e = cudaErrorMemoryAllocation;
+    const int was = kd_cu_prefill_form(form);
+    if (ok)
+        e = kd_cu_prefill((const kd_cu_prow *)drows, NS, H, HV, K, V, (float *)ds, SS, (const float *)dq,
+                          (const float *)dk, (const float *)dd, (const float *)db, (const float *)dv, (float *)dout, 0);
+    kd_cu_prefill_form(was);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    std::vector<float> go(ro.size()), gs(st.size());
+    ok = e == cudaSuccess && cudaMemcpy(go.data(), dout, go.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(gs.data(), ds, gs.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    double eo = ok ? rel_d(go.data(), ro.data(), go.size()) : INFINITY, es = 0;
+    size_t touched = 0;
+    for (int64_t sl = 0; sl < NSL && ok; sl++) {
+        const bool named = std::find(slot_of, slot_of + NS, (int)sl) != slot_of + NS;
+        for (int64_t x = 0; x < SS; x++) { /* padding and unnamed slots: bit for bit as they were */
+            const size_t at = (size_t)(sl * SS + x);
+            if ((!named || x >= (int64_t)HV * K * V) && memcmp(&gs[at], &st0[at], 4)) touched++;
+        }
+        if (named) es = std::max(es, rel_d(gs.data() + sl * SS, rs.data() + sl * SS, (size_t)HV * K * V));
+    }
+    report(ok && eo < 1e-5 && es < 1e-5 && touched == 0,
+           "[prefill form %d H=%d HV=%d K=%d V=%d, rows of %d..%d tokens] against float64: o rel err %.2e, states rel "
+           "err %.2e (tol 1e-5), %zu entries outside the rows' states written%s%s",
+           form, H, HV, K, V, 0, long_len, eo, es, touched, ok ? "" : ": ", ok ? "" : cudaGetErrorString(e));
+    for (void *p : {dq, dk, dd, db, dv, ds, dout, drows}) cudaFree(p);
+    (void)cudaGetLastError();
+}
+
+static void prefill_checks(uint64_t seed) {
+    const int shapes[][5] = {{2, 4, 32, 48, 70}, {1, 2, 64, 64, 41}, {2, 2, 128, 128, 300}, {1, 1, 128, 320, 17}};
+    int i = 0;
+    for (const auto &sh : shapes)
+        for (int form = 0; form < 4; form++, i++) prefill_case(form, sh[0], sh[1], sh[2], sh[3], sh[4], seed + i);
+}
+
 // kd_cu_gemm_skinny against a float64 reference on fresh random bf16 inputs: each output
 // within 1e-5 of the sum of its terms' magnitudes (fp32 accumulation of exact products),
 // beta 0 over a NaN-poisoned C and beta 1 over a random one, leading dimensions wider than
@@ -2136,7 +2237,8 @@ int main(int argc, char **argv) {
     }
     if (quick && !strcmp(argv[2], "prefill")) { /* the prefill recurrence's forms alone (racecheck) */
         g_plain_order = true;
-        for (int form = 0; form < 2; form++) {
+        prefill_checks(seed + 53);
+        for (int form = 0; form < 4; form++) {
             kd_cu_prefill_form(form);
             char tag[32];
             snprintf(tag, sizeof tag, ", prefill form %d", form);
@@ -2154,6 +2256,7 @@ int main(int argc, char **argv) {
         return g_failed ? 1 : 0;
     }
     conv_prep_checks(seed + 37);
+    prefill_checks(seed + 53);
     norm_add_case(7, 2304, 2, 1, seed + 48);
     norm_add_case(3, 96, 1, 0, seed + 49);
     norm_add_case(2, 8192, 3, 0, seed + 50);
@@ -2168,9 +2271,17 @@ int main(int argc, char **argv) {
                 if (quick && (bf || i >= 3)) continue;
                 random_case(specs[i], bf, mode, seed + 1000 * i, quick ? 4 : (bf ? 8 : 14));
             }
-    /* the prefill recurrence's other form (kd_cu_prefill_form; the cases above run the default) */
-    kd_cu_prefill_form(0);
-    for (int i : {1, 4, 5}) random_case(specs[i], 0, KD_COMMIT_DEFERRED, seed + 1000 * i + 7, 4, ", prefill form 0");
+    /* the prefill recurrence's other forms (kd_cu_prefill_form; the cases above run the default) */
+    for (int form : {0, 2, 3}) {
+        kd_cu_prefill_form(form);
+        char tag[32];
+        snprintf(tag, sizeof tag, ", prefill form %d", form);
+        for (int i : {0, 1, 2, 4, 5}) {
+            if (form == 0 && (i == 0 || i == 2)) continue;
+            random_case(specs[i], 0, KD_COMMIT_DEFERRED, seed + 1000 * i + 7 + form, 4, tag);
+        }
+        if (form >= 2) random_case(specs[1], 1, KD_COMMIT_EAGER, seed + 1000 + 9 + form, 4, tag);
+    }
     kd_cu_prefill_form(1);
     sampling_case(257, seed + 11, quick ? 2 : 12);
     sampling_case(163840, seed + 12, quick ? 1 : 3);

@@ -844,12 +844,12 @@ __device__ __forceinline__ void tc_window_smem(const float (&s)[K / 8][4], const
     tc_window<K, NT>(s, smem_bfrag<K>{aw, g, q}, P, vl, q);
 }
 
-// The triangular solve of one value column (col in the block's CB, j in the head):
-// u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r; writes o and
-// the corrections.
-__device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t start, size_t slot, int h, int T,
-                                                int CB, int col, int j, const float *sv, const float *sb,
-                                                const float *P, const float *M, const float *N) {
+// The triangular solve of one value column (col in the block's CB):
+// u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r; out(t, u_t, o_t)
+// for t < T.
+template <class Out>
+__device__ __forceinline__ void tc_solve(int T, int CB, int col, const float *sv, const float *sb, const float *P,
+                                         const float *M, const float *N, Out out) {
     float U[8];
 #pragma unroll
     for (int t = 0; t < 8; t++) {
@@ -861,11 +861,19 @@ __device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t sta
             float o = P[col * 17 + T + t];
 #pragma unroll
             for (int r = 0; r <= t; r++) o += N[t * 8 + r] * U[r];
-            const size_t n = start + t;
-            a.o[(n * a.HV + h) * a.V + j] = o;
-            a.rec_u[((slot * a.Tw + t) * a.HV + h) * a.V + j] = U[t];
+            out(t, U[t], o);
         }
     }
+}
+// The solve of a verify window's column j of the head: writes o and the corrections.
+__device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t start, size_t slot, int h, int T,
+                                                int CB, int col, int j, const float *sv, const float *sb,
+                                                const float *P, const float *M, const float *N) {
+    tc_solve(T, CB, col, sv, sb, P, M, N, [&](int t, float u, float o) {
+        const size_t n = start + t;
+        a.o[(n * a.HV + h) * a.V + j] = o;
+        a.rec_u[((slot * a.Tw + t) * a.HV + h) * a.V + j] = u;
+    });
 }
 
 // Shared memory of the tensor-core verify, in floats (see verify_tc_kernel).
@@ -1733,6 +1741,183 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
 #undef KD_GO
 }
 
+// ------------------------------------------------------------ prefill in chunks
+// The prefill recurrence (kd_kda_prefill) over a row's tokens in chunks of C = 8, each chunk the
+// deferred verify's arithmetic on the state it starts from (kda.cuh): the window product P^T =
+// S^T [b o k; b o q]^T, the triangular solve for the chunk's u and o, then the fold S <- S diag(cp)
+// + U^T Wf, so the state advances 8 tokens at a time by tensor-core products (3xTF32) instead of a
+// token at a time, and stays in registers from the row's first token to its last. All products of
+// decays run forward from 1 within a chunk (no quotients): nothing overflows whatever the gates.
+// Block: CW consumer warps, 16 value columns each of one (row, value head) (the state in the mma
+// accumulator layout, 64 registers at K = 128), and K / 32 producer warps, a thread a key channel,
+// which make the next chunk's operands while the consumers run this one (shared memory, two
+// buffers; one block barrier a chunk): the decayed keys and queries, the fold weights and cp, the
+// warps' partial sums of M and N (window_sums), v and beta; the chunk after next is loaded into
+// their registers meanwhile. A consumer warp sums M and N for itself, then solves its 16 columns
+// (16 lanes, a column each) and folds; between them only __syncwarp.
+__host__ __device__ constexpr int pc_pw(int K) { return K >= 64 ? 2 : 1; } /* producer warps */
+__host__ __device__ constexpr int pc_buf(int K, int CB) { /* floats of one buffer */
+    return 24 * (K + 8) + K + (K / 32) * 128 + 8 * CB + 8;
+}
+__host__ __device__ constexpr int pc_raw(int K, int CB) { /* floats of one chunk's raw inputs */
+    return 3 * 8 * K + (8 * CB + pc_pw(K) * 32 - 1) / (pc_pw(K) * 32) * (pc_pw(K) * 32) + 8;
+}
+__host__ __device__ constexpr int pc_smem(int K, int CW) {
+    /* two buffers, P [CB][17], U [8][CB + 8], M|N per warp, the producers' raw inputs (two chunks) */
+    return 2 * pc_buf(K, CW * 16) + CW * 16 * 17 + 8 * (CW * 16 + 8) + CW * 128 + 2 * pc_raw(K, CW * 16);
+}
+
+template <int K, int CW>
+__global__ void __launch_bounds__((CW + pc_pw(K)) * 32, 2) prefill_chunk_kernel(
+    const kd_kda_prow *rows, int H, int HV, int V, float *state, int64_t ss, const float *qn, const float *kn,
+    const float *decay, const float *beta, const float *v, float *o) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int C = 8, KT = K / 8, KP = K + 8, CB = CW * 16, UP = CB + 8, PW = pc_pw(K), NPT = K / (PW * 32);
+    constexpr int BUF = pc_buf(K, CB), NRED = K / 32; /* partial sums of M | N: one a 32-channel group */
+    const kd_kda_prow r = rows[blockIdx.z];
+    const int h = blockIdx.y, hk = h / (HV / H), tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int j0 = blockIdx.x * CB, nc = (r.len + C - 1) / C;
+    float *P = smem + 2 * BUF, *su = P + CB * 17, *mnall = su + 8 * UP;
+    /* a buffer: aw [16][KP] (rows t < T: b_t o k_t, rows T + t: b_t o q_t), wf [8][KP], cp [K],
+     * red [K / 32][128] (the partial M | N of each 32-channel group), v [8][CB], beta [8] */
+    auto buf = [&](int i) { return smem + (i & 1) * BUF; };
+    if (warp >= CW) { /* producers: PW warps, NPT key channels a thread (c + e * 32 PW) */
+        constexpr int PT = PW * 32, NE = (C * CB + PT - 1) / PT; /* v entries a thread */
+        const int c = tid - CW * 32;
+        /* raw inputs, staged by asynchronous copies two chunks deep, each entry copied and read by one
+         * thread (no barrier): [2][k, q, d: 3 C K | v: NE PT | beta: C] */
+        float *raw0 = smem + 2 * BUF + CB * 17 + 8 * UP + CW * 128;
+        constexpr int RAW = pc_raw(K, CB);
+        auto stage = [&](int ci) {
+            const int T = min(C, r.len - ci * C);
+            float *rw = raw0 + (ci & 1) * RAW;
+            for (int t = 0; t < T; t++) {
+                const size_t n = (size_t)r.start + ci * C + t;
+#pragma unroll
+                for (int e = 0; e < NPT; e++) {
+                    const int cc = c + e * PT;
+                    cp_async4(rw + t * K + cc, kn + (n * H + hk) * K + cc);
+                    cp_async4(rw + (C + t) * K + cc, qn + (n * H + hk) * K + cc);
+                    cp_async4(rw + (2 * C + t) * K + cc, decay + (n * HV + h) * K + cc);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < NE; e++) { /* v [t][jj]: entry c + e PT of the chunk's C x CB */
+                const int i = c + e * PT, t = i / CB, jj = i % CB;
+                if (i < C * CB && t < T && j0 + jj < V)
+                    cp_async4(rw + 3 * C * K + i, v + (((size_t)r.start + ci * C + t) * HV + h) * V + j0 + jj);
+            }
+            if (c < T) cp_async4(rw + 3 * C * K + NE * PT + c, beta + ((size_t)r.start + ci * C + c) * HV + h);
+            cp_async_commit();
+        };
+        auto make = [&](int ci) {
+            const int T = min(C, r.len - ci * C);
+            const float *rw = raw0 + (ci & 1) * RAW;
+            float *aw = buf(ci), *wf = aw + 16 * KP, *cp = wf + 8 * KP, *red = cp + K, *sv = red + NRED * 128,
+                  *sb = sv + 8 * CB;
+#pragma unroll
+            for (int e = 0; e < NPT; e++) {
+                const int cc = c + e * PT;
+                float kw[C], qw[C], dw[C];
+#pragma unroll
+                for (int t = 0; t < C; t++) {
+                    const bool in = t < T;
+                    kw[t] = in ? rw[t * K + cc] : 0.f, qw[t] = in ? rw[(C + t) * K + cc] : 0.f;
+                    dw[t] = in ? rw[(2 * C + t) * K + cc] : 1.f;
+                }
+                float b = 1.f;
+#pragma unroll
+                for (int t = 0; t < C; t++) {
+                    if (t < T) {
+                        b *= dw[t];
+                        aw[t * KP + cc] = kw[t] * b, aw[(T + t) * KP + cc] = qw[t] * b;
+                    } else { /* rows 2T..15 (read by the mma, their columns of P unused) */
+                        aw[(T + t) * KP + cc] = 0.f, aw[(C + t) * KP + cc] = 0.f;
+                    }
+                }
+                float p = 1.f;
+#pragma unroll
+                for (int t = C - 1; t >= 0; t--) {
+                    wf[t * KP + cc] = t < T ? kw[t] * p : 0.f;
+                    if (t < T) p *= dw[t];
+                }
+                cp[cc] = p;
+                window_sums(kw, qw, dw, T, lane, red + (cc / 32) * 128);
+            }
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                const int i = c + e * PT, t = i / CB, jj = i % CB;
+                if (i < C * CB) sv[i] = t < T && j0 + jj < V ? rw[3 * C * K + i] : 0.f;
+            }
+            if (c < C) sb[c] = c < T ? rw[3 * C * K + NE * PT + c] : 0.f;
+        };
+        if (nc > 0) stage(0);
+        if (nc > 1) stage(1);
+        if (nc > 0) {
+            if (nc > 1) cp_async_wait1();
+            else cp_async_wait();
+            make(0);
+        }
+        __syncthreads();
+        for (int ci = 0; ci < nc; ci++) {
+            if (ci + 1 < nc) { /* chunk ci + 1 has landed (the only group in flight); stage ci + 2 behind it */
+                cp_async_wait();
+                if (ci + 2 < nc) stage(ci + 2);
+                make(ci + 1);
+            }
+            __syncthreads();
+        }
+        return;
+    }
+    /* consumers */
+    const int g = lane / 4, q = lane % 4, vl = warp * 16 + 2 * g, va = j0 + vl;
+    const bool live = va < V;
+    float *S = state + (size_t)r.slot * ss + (size_t)h * K * V, *mn = mnall + warp * 128;
+    float s[KT][4];
+    tc_load<KT>(s, S, V, va, q, live);
+    __syncthreads();
+    for (int ci = 0; ci < nc; ci++) {
+        const int T = min(C, r.len - ci * C);
+        const float *aw = buf(ci), *wf = aw + 16 * KP, *cp = wf + 8 * KP, *red = cp + K, *sv = red + NRED * 128,
+                    *sb = sv + 8 * CB;
+        tc_window_smem<K, 2>(s, aw, P, vl, g, q);
+#pragma unroll
+        for (int e = 0; e < 4; e++) { /* M (i < 64), N: the entries the solve reads */
+            const int i = lane + 32 * e, t = i % 64 / 8, rr = i % 8;
+            if (t < T && (i < 64 ? rr < t : rr <= t)) {
+                float x = 0.f;
+#pragma unroll
+                for (int w = 0; w < NRED; w++) x += red[w * 128 + i];
+                mn[i] = x;
+            }
+        }
+        __syncwarp();
+        if (lane < 16) { /* the solve of column col: u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t */
+            const int col = warp * 16 + lane, j = j0 + col;
+            tc_solve(T, CB, col, sv, sb, P, mn, mn + 64, [&](int t, float u, float y) {
+                if (j < V) o[(((size_t)r.start + ci * C + t) * HV + h) * V + j] = y;
+                su[t * UP + col] = u;
+            });
+        }
+        __syncwarp();
+        tc_fold_smem<K>(s, cp, su, UP, wf, T, vl, g, q);
+        __syncthreads();
+    }
+    if (live) tc_store<KT>(s, S, V, va, q);
+}
+
+template <int K, int CW>
+cudaError_t launch_prefill_chunks(const kd_kda_prow *rows, int n_rows, int H, int HV, int V, float *state, int64_t ss,
+                                  const float *qn, const float *kn, const float *decay, const float *beta,
+                                  const float *v, float *o, cudaStream_t s) {
+    const size_t sm = (size_t)pc_smem(K, CW) * sizeof(float);
+    auto f = prefill_chunk_kernel<K, CW>;
+    if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    f<<<dim3((unsigned)((V + CW * 16 - 1) / (CW * 16)), (unsigned)HV, (unsigned)n_rows), (CW + pc_pw(K)) * 32, sm, s>>>(
+        rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
+    return cudaGetLastError();
+}
+
 } // namespace
 
 int kd_cuda_pdl = 1;
@@ -1781,4 +1966,25 @@ extern "C" int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const
     return (int)kd_launch_dep(prepare_kernel, grid, dim3(threads), 0, (cudaStream_t)stream, H, HV, K, q, k, graw, braw,
                               braw_ld, A_log, dt_bias, use_lower_bound, lower_bound, allow_neg_eigval, qn, kn, qk,
                               decay, beta);
+}
+
+extern "C" int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t H, int32_t HV, int32_t K, int32_t V,
+                              float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
+                              const float *beta, const float *v, float *o, int32_t cw, void *stream) {
+    if (n_rows <= 0) return 0;
+    if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H || V < 2 || V % 2 || (cw != 1 && cw != 2))
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+#define KD_PC(KK)                                                                                                    \
+    return (int)(cw == 1 ? launch_prefill_chunks<KK, 1>(rows, n_rows, H, HV, V, state, state_stride, qn, kn, decay,  \
+                                                        beta, v, o, s)                                               \
+                         : launch_prefill_chunks<KK, 2>(rows, n_rows, H, HV, V, state, state_stride, qn, kn, decay,  \
+                                                        beta, v, o, s))
+    switch (K) {
+    case 32: KD_PC(32);
+    case 64: KD_PC(64);
+    case 128: KD_PC(128);
+    default: return (int)cudaErrorInvalidValue;
+    }
+#undef KD_PC
 }

@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/cuda/kda.cuh"
+
 // One token of a batch: its row's slot, its position in the row, the row's first token
 // in the batch, and vring: bit 0 whether the row is a verify window (its conv inputs are
 // recorded), the bits above the index in the slot's conv history ring (kd_cu_conv_args) of the
@@ -40,9 +42,7 @@ typedef struct kd_cu_fold {
 
 // A prefill row of the recurrence: tokens [start, start + len) of the batch, advancing the
 // committed state of `slot` in place.
-typedef struct kd_cu_prow {
-    int32_t slot, start, len, pad;
-} kd_cu_prow;
+typedef kd_kda_prow kd_cu_prow; /* kda.cuh */
 
 // x[t][:] = table[tok[t]][:] (table: [vocab][D], float or bf16 per table_bf16), x fp32.
 cudaError_t kd_cu_embed(int table_bf16, const void *table, const int32_t *tok, int64_t N,
@@ -156,7 +156,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 // qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state
 // slot s's [HV][K][V] at state + s * state_stride. K must be 32, 64 or 128 (else
 // cudaErrorInvalidValue).
-// Two forms (kd_cu_prefill_form, process-wide; default 1):
+// Forms (kd_cu_prefill_form, process-wide; default 1):
 // 0: a block of 32 threads a 32-column stripe of one head's state, a column a thread (K of its
 //    floats in registers): every token two dependent chains of K FMAs a thread and two block
 //    barriers around a load of the token's q, k and decay.
@@ -164,10 +164,12 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 //    joined by two shuffles): chains of K / 4 (two accumulators each), and the next token's q,
 //    k, decay, beta and v loaded into registers while this one computes, then stored into the
 //    other half of a double buffer in shared memory: one barrier a token, no load on its path.
+// 2, 3: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), 32 / 16 value columns a
+//    block; at odd V form 1.
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V,
                           float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
                           const float *beta, const float *v, float *o, cudaStream_t s);
-// Sets the form kd_cu_prefill launches (0 or 1, above; anything else is ignored) and returns the
+// Sets the form kd_cu_prefill launches (0-3, above; anything else is ignored) and returns the
 // previous one: benchmarks and tests.
 int kd_cu_prefill_form(int form);
 

@@ -40,7 +40,7 @@
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
 //   KD_BENCH_PREFILL=1 cuda_bench ...: only prefill forwards (1-32 prompts of 32-1536 tokens, eager) with the
-//   recurrence's forms 0 and 1 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
+//   recurrence's forms 1, 2 and 3 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
 //   rounds (the first dropped), medians into OUT_PREFIX.json and .md.
 //   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
 //   each, their medians (printed only): two builds run alternately in one session compare their kernels.
@@ -447,11 +447,13 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_PREFILL")) { /* prefill forwards (eager): the recurrence's forms, and without it */
         const int pcs[][2] = {{1, 64}, {1, 512}, {1, 1536}, {2, 768}, {4, 384}, {6, 64}, {12, 128}, {32, 32}};
-        std::string md = "| prompts | tokens each | forward ms, form 0 | form 1 | without the recurrence | "
-                         "recurrence ms, form 0 | form 1 | recurrence, form 0 / form 1 | prompt tokens/s, form 0 | "
-                         "form 1 |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        const int forms[] = {1, 2, 3}, NF = 3; /* column v < NF: form forms[v]; v == NF: without the recurrence */
+        std::string md = "| prompts | tokens each | forward ms, form 1 | form 2 | form 3 | without the recurrence | "
+                         "recurrence ms, form 1 | form 2 | form 3 | recurrence, form 1 / form 2 | form 1 / form 3 | "
+                         "prompt tokens/s, form 1 | form 2 | form 3 |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+                         "---|---|\n",
                     js = json_head(info.device0_name, date, argv) + "  \"rounds\": 6,\n  \"points\": [\n";
-        char line[512];
+        char line[768];
         for (const auto &pc : pcs) {
             std::vector<kd_batch_row> rows((size_t)pc[0]);
             std::vector<int32_t> tok((size_t)pc[0] * pc[1]);
@@ -463,41 +465,43 @@ int main(int argc, char **argv) {
             }
             kd_batch b;
             b.n_rows = pc[0], b.rows = rows.data(), b.tokens = tok.data();
-            std::vector<double> t[3]; /* forms 0, 1, the recurrence left out */
+            std::vector<double> t[NF + 1];
             for (int round = 0; round < 7; round++)
-                for (int v = 0; v < 3; v++) {
-                    kd_cu_prefill_form(v < 2 ? v : 1);
-                    kd_cuda_set_skip(be, v == 2 ? KD_CUDA_SKIP_PREFILL : 0);
+                for (int v = 0; v <= NF; v++) {
+                    kd_cu_prefill_form(v < NF ? forms[v] : 1);
+                    kd_cuda_set_skip(be, v == NF ? KD_CUDA_SKIP_PREFILL : 0);
                     for (int r = 0; r < pc[0]; r++)
                         if (kd_backend_reset_slot(be, r, &err)) return printf("reset: %s\n", err.msg), 1;
                     const double t0 = now();
                     if (kd_backend_forward(be, &b, nullptr, &err)) return printf("prefill: %s\n", err.msg), 1;
                     if (round > 0) t[v].push_back(now() - t0);
                 }
-            double f[3]; /* medians of 6, ms */
-            for (int v = 0; v < 3; v++) std::sort(t[v].begin(), t[v].end()), f[v] = 0.5e3 * (t[v][2] + t[v][3]);
+            double f[NF + 1]; /* medians of 6, ms */
+            for (int v = 0; v <= NF; v++) std::sort(t[v].begin(), t[v].end()), f[v] = 0.5e3 * (t[v][2] + t[v][3]);
             const double tk = pc[0] * pc[1] * 1e3;
             snprintf(line, sizeof line,
-                     "| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.0f |\n", pc[0], pc[1], f[0],
-                     f[1], f[2], f[0] - f[2], f[1] - f[2], (f[0] - f[2]) / (f[1] - f[2]), tk / f[0], tk / f[1]);
+                     "| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f |\n",
+                     pc[0], pc[1], f[0], f[1], f[2], f[3], f[0] - f[3], f[1] - f[3], f[2] - f[3],
+                     (f[0] - f[3]) / (f[1] - f[3]), (f[0] - f[3]) / (f[2] - f[3]), tk / f[0], tk / f[1], tk / f[2]);
             md += line;
             printf("prefill: %s", line);
             snprintf(line, sizeof line,
-                     "%s    {\"prompts\": %d, \"tokens\": %d, \"forward_ms_form0\": %.4f, \"forward_ms_form1\": %.4f, "
-                     "\"forward_ms_without_recurrence\": %.4f}",
-                     &pc == &pcs[0] ? "" : ",\n", pc[0], pc[1], f[0], f[1], f[2]);
+                     "%s    {\"prompts\": %d, \"tokens\": %d, \"forward_ms_form1\": %.4f, \"forward_ms_form2\": %.4f, "
+                     "\"forward_ms_form3\": %.4f, \"forward_ms_without_recurrence\": %.4f}",
+                     &pc == &pcs[0] ? "" : ",\n", pc[0], pc[1], f[0], f[1], f[2], f[3]);
             js += line;
         }
         js += "\n  ]\n}\n";
         kd_cu_prefill_form(1);
         kd_cuda_set_skip(be, 0);
         write_results(argv, info.device0_name, date, "Kimi-Linear-48B KDA preset: prefill forwards, the KDA "
-                      "recurrence's two forms", js,
+                      "recurrence's forms", js,
                       "Eager forwards of prefill rows (no logits) from zeroed slots, bf16 activations, fp32 state: "
-                      "the recurrence (kd_cu_prefill) in form 0 (a column a thread) and form 1 (a column 4 threads, "
-                      "the next token prefetched; the default), and the same forward without it "
-                      "(KD_CUDA_SKIP_PREFILL), the three alternated over 7 rounds, the first dropped; "
-                      "medians of 6. The recurrence's time is the forward's less the forward without it.\n\n" + md);
+                      "the recurrence (kd_cu_prefill) in form 1 (token by token, a column 4 threads, the next token "
+                      "prefetched), forms 2 and 3 (chunks of 8 tokens on tensor cores, 32 / 16 value columns a "
+                      "block: kd_kda_prefill), and the same forward without it (KD_CUDA_SKIP_PREFILL), the four "
+                      "alternated over 7 rounds, the first dropped; medians of 6. The recurrence's time is the "
+                      "forward's less the forward without it.\n\n" + md);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
