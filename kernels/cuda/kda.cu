@@ -1755,24 +1755,23 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
 // warps' partial sums of M and N (window_sums), v and beta; the chunk after next is loaded into
 // their registers meanwhile. A consumer warp sums M and N for itself, then solves its 16 columns
 // (16 lanes, a column each) and folds; between them only __syncwarp.
-__host__ __device__ constexpr int pc_pw(int K) { return K >= 64 ? 2 : 1; } /* producer warps */
 __host__ __device__ constexpr int pc_buf(int K, int CB) { /* floats of one buffer */
     return 24 * (K + 8) + K + (K / 32) * 128 + 8 * CB + 8;
 }
-__host__ __device__ constexpr int pc_raw(int K, int CB) { /* floats of one chunk's raw inputs */
-    return 3 * 8 * K + (8 * CB + pc_pw(K) * 32 - 1) / (pc_pw(K) * 32) * (pc_pw(K) * 32) + 8;
+__host__ __device__ constexpr int pc_raw(int K, int CB, int PW) { /* floats of one chunk's raw inputs */
+    return 3 * 8 * K + (8 * CB + PW * 32 - 1) / (PW * 32) * (PW * 32) + 8;
 }
-__host__ __device__ constexpr int pc_smem(int K, int CW) {
+__host__ __device__ constexpr int pc_smem(int K, int CW, int PW) {
     /* two buffers, P [CB][17], U [8][CB + 8], M|N per warp, the producers' raw inputs (two chunks) */
-    return 2 * pc_buf(K, CW * 16) + CW * 16 * 17 + 8 * (CW * 16 + 8) + CW * 128 + 2 * pc_raw(K, CW * 16);
+    return 2 * pc_buf(K, CW * 16) + CW * 16 * 17 + 8 * (CW * 16 + 8) + CW * 128 + 2 * pc_raw(K, CW * 16, PW);
 }
 
-template <int K, int CW>
-__global__ void __launch_bounds__((CW + pc_pw(K)) * 32, 2) prefill_chunk_kernel(
+template <int K, int CW, int PW>
+__global__ void __launch_bounds__((CW + PW) * 32, PW < K / 32 ? 2 : 1) prefill_chunk_kernel(
     const kd_kda_prow *rows, int H, int HV, int V, float *state, int64_t ss, const float *qn, const float *kn,
     const float *decay, const float *beta, const float *v, float *o) {
     extern __shared__ __align__(16) float smem[];
-    constexpr int C = 8, KT = K / 8, KP = K + 8, CB = CW * 16, UP = CB + 8, PW = pc_pw(K), NPT = K / (PW * 32);
+    constexpr int C = 8, KT = K / 8, KP = K + 8, CB = CW * 16, UP = CB + 8, NPT = K / (PW * 32);
     constexpr int BUF = pc_buf(K, CB), NRED = K / 32; /* partial sums of M | N: one a 32-channel group */
     const kd_kda_prow r = rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (HV / H), tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -1787,7 +1786,7 @@ __global__ void __launch_bounds__((CW + pc_pw(K)) * 32, 2) prefill_chunk_kernel(
         /* raw inputs, staged by asynchronous copies two chunks deep, each entry copied and read by one
          * thread (no barrier): [2][k, q, d: 3 C K | v: NE PT | beta: C] */
         float *raw0 = smem + 2 * BUF + CB * 17 + 8 * UP + CW * 128;
-        constexpr int RAW = pc_raw(K, CB);
+        constexpr int RAW = pc_raw(K, CB, PW);
         auto stage = [&](int ci) {
             const int T = min(C, r.len - ci * C);
             float *rw = raw0 + (ci & 1) * RAW;
@@ -1906,14 +1905,14 @@ __global__ void __launch_bounds__((CW + pc_pw(K)) * 32, 2) prefill_chunk_kernel(
     if (live) tc_store<KT>(s, S, V, va, q);
 }
 
-template <int K, int CW>
+template <int K, int CW, int PW>
 cudaError_t launch_prefill_chunks(const kd_kda_prow *rows, int n_rows, int H, int HV, int V, float *state, int64_t ss,
                                   const float *qn, const float *kn, const float *decay, const float *beta,
                                   const float *v, float *o, cudaStream_t s) {
-    const size_t sm = (size_t)pc_smem(K, CW) * sizeof(float);
-    auto f = prefill_chunk_kernel<K, CW>;
+    const size_t sm = (size_t)pc_smem(K, CW, PW) * sizeof(float);
+    auto f = prefill_chunk_kernel<K, CW, PW>;
     if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    f<<<dim3((unsigned)((V + CW * 16 - 1) / (CW * 16)), (unsigned)HV, (unsigned)n_rows), (CW + pc_pw(K)) * 32, sm, s>>>(
+    f<<<dim3((unsigned)((V + CW * 16 - 1) / (CW * 16)), (unsigned)HV, (unsigned)n_rows), (CW + PW) * 32, sm, s>>>(
         rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
     return cudaGetLastError();
 }
@@ -1970,16 +1969,16 @@ extern "C" int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const
 
 extern "C" int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t H, int32_t HV, int32_t K, int32_t V,
                               float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
-                              const float *beta, const float *v, float *o, int32_t cw, void *stream) {
+                              const float *beta, const float *v, float *o, int32_t wide, void *stream) {
     if (n_rows <= 0) return 0;
-    if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H || V < 2 || V % 2 || (cw != 1 && cw != 2))
+    if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H || V < 2 || V % 2 || (wide != 0 && wide != 1))
         return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
 #define KD_PC(KK)                                                                                                    \
-    return (int)(cw == 1 ? launch_prefill_chunks<KK, 1>(rows, n_rows, H, HV, V, state, state_stride, qn, kn, decay,  \
-                                                        beta, v, o, s)                                               \
-                         : launch_prefill_chunks<KK, 2>(rows, n_rows, H, HV, V, state, state_stride, qn, kn, decay,  \
-                                                        beta, v, o, s))
+    return (int)(wide ? launch_prefill_chunks<KK, 2, KK / 32>(rows, n_rows, H, HV, V, state, state_stride, qn, kn, \
+                                                                  decay, beta, v, o, s)                                \
+                         : launch_prefill_chunks<KK, 2, (KK >= 64 ? 2 : 1)>(rows, n_rows, H, HV, V, state,            \
+                                                                            state_stride, qn, kn, decay, beta, v, o, s))
     switch (K) {
     case 32: KD_PC(32);
     case 64: KD_PC(64);

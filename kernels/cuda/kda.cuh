@@ -183,12 +183,14 @@ typedef struct kd_kda_prow {
 } kd_kda_prow;
 // The prefill recurrence of those rows on the committed states in place (KDA.md §2.6), in chunks
 // of 8 tokens on tensor cores (kda.cu, prefill_chunk_kernel): per chunk the verify's window
-// product, triangular solve and fold, the state in registers across the row. Inputs and outputs
-// as kd_cu_prefill's (ops.cuh); cw: value columns a block in warps of 16 (1 or 2). K 32, 64 or
-// 128, V even; else cudaErrorInvalidValue. 0 on success, else a cudaError_t.
+// product, triangular solve and fold, the state in registers across the row, 32 value columns a
+// block. Inputs and outputs as kd_cu_prefill's (ops.cuh). wide: the next chunk's operands made by
+// a thread a key channel (1; K / 32 warps, a block an SM at K = 128) or by 2 warps (0; two
+// blocks an SM). K 32, 64 or 128, V even; else cudaErrorInvalidValue. 0 on success, else a
+// cudaError_t.
 int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t H, int32_t HV, int32_t K, int32_t V,
                    float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
-                   const float *beta, const float *v, float *o, int32_t cw, void *stream);
+                   const float *beta, const float *v, float *o, int32_t wide, void *stream);
 
 #ifdef __cplusplus
 }

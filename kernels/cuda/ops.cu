@@ -881,7 +881,7 @@ cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int
     const int form = g_prefill_form.load(std::memory_order_relaxed);
     if (form >= 2 && V % 2 == 0)
         return (cudaError_t)kd_kda_prefill(rows, n_rows, H, HV, K, V, state, state_stride, qn, kn, decay, beta, v, o,
-                                           form == 2 ? 2 : 1, s);
+                                           form == 3, s);
     switch (K) {
     case 32: launch_prefill<32>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
     case 64: launch_prefill<64>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;

@@ -164,8 +164,8 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 //    joined by two shuffles): chains of K / 4 (two accumulators each), and the next token's q,
 //    k, decay, beta and v loaded into registers while this one computes, then stored into the
 //    other half of a double buffer in shared memory: one barrier a token, no load on its path.
-// 2, 3: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), 32 / 16 value columns a
-//    block; at odd V form 1.
+// 2, 3: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), the next chunk's
+//    operands made by 2 warps (2) or by a thread a key channel (3); at odd V form 1.
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V,
                           float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
                           const float *beta, const float *v, float *o, cudaStream_t s);

@@ -498,8 +498,8 @@ int main(int argc, char **argv) {
                       "recurrence's forms", js,
                       "Eager forwards of prefill rows (no logits) from zeroed slots, bf16 activations, fp32 state: "
                       "the recurrence (kd_cu_prefill) in form 1 (token by token, a column 4 threads, the next token "
-                      "prefetched), forms 2 and 3 (chunks of 8 tokens on tensor cores, 32 / 16 value columns a "
-                      "block: kd_kda_prefill), and the same forward without it (KD_CUDA_SKIP_PREFILL), the four "
+                      "prefetched), forms 2 and 3 (chunks of 8 tokens on tensor cores, the next chunk's operands "
+                      "made by 2 warps / by a thread a key channel: kd_kda_prefill), and the same forward without it (KD_CUDA_SKIP_PREFILL), the four "
                       "alternated over 7 rounds, the first dropped; medians of 6. The recurrence's time is the "
                       "forward's less the forward without it.\n\n" + md);
         kd_engine_free(e);
