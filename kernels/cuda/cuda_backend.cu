@@ -174,6 +174,7 @@ struct meta_layout {
 struct fwd_shape {
     int64_t N, M;      // tokens, logit rows
     int nv, np, npf, max_len, n_rows;
+    int npc;           // the prefill rows' chunks of 8 tokens (kd_kda_prefill's work space)
     int sample;        // 1: sample on the device (kd_cu_sample_*), 0: logits to the host
     float *logits;     // host logits when !sample
 };
@@ -226,6 +227,7 @@ struct cu_backend {
     // work space
     float *x, *proj, *graw, *gate, *q, *k, *v, *qn, *kn, *qk, *decay, *beta, *o, *gu, *lg, *snap;
     float *kda_work; // kd_kda_args.work: the verify's per (row, head) prologue, shared by the layers
+    float *pf_work;  // kd_kda_prefill's work space (the prefill recurrence in chunks), shared by the layers
     void *h, *fg0, *ob, *act, *sel;
     int64_t lg_rows;
     meta_layout ml;
@@ -599,7 +601,9 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc_t(cb, &cb->kpart, cb->bf16 ? KD_KSPLIT_MAX * (N < kKsplitRows ? N : kKsplitRows) * cb->D : 1, 4,
                  "K slices' partial sums", err) ||
         dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)Tw),
-                 4, "KDA verify work space", err))
+                 4, "KDA verify work space", err) ||
+        dalloc_t(cb, &cb->pf_work, (int64_t)kd_kda_prefill_work_floats((int32_t)(N / 8 + max_rows), (int32_t)HV, (int32_t)K),
+                 4, "KDA prefill work space", err))
         return -1;
     cb->kpart_rows = cb->bf16 ? (N < kKsplitRows ? N : kKsplitRows) : 0;
     cb->win = cb->S + ssm; // each layer's window right after its S
@@ -997,7 +1001,8 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
             vr->kg_read = cb->kg_read[row.slot];
             if (row.n_tokens > sh.max_len) sh.max_len = row.n_tokens;
         } else {
-            prows[sh.np++] = kd_cu_prow{row.slot, (int32_t)t0, row.n_tokens, 0};
+            prows[sh.np++] = kd_cu_prow{row.slot, (int32_t)t0, row.n_tokens, sh.npc};
+            sh.npc += (row.n_tokens + 7) / 8;
             if (folding) pfolds[sh.npf++] = kd_cu_fold{row.slot, row.n_tokens, (int32_t)t0, ring};
         }
         if (params) {
@@ -1186,8 +1191,8 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             KDA(kd_kda_verify(&a, kmode, max_len, s));
         }
         if (np && !(sk & KD_CUDA_SKIP_PREFILL))
-            KDA(kd_cu_prefill(d_prows, np, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
-                              cb->kn, cb->decay, cb->beta, cb->v, cb->o, s));
+            KDA(kd_cu_prefill(d_prows, np, sh.npc, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
+                              cb->kn, cb->decay, cb->beta, cb->v, cb->o, cb->pf_work, s));
         if (side) {
             CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
             cb->side_open = 0; /* all its work so far */

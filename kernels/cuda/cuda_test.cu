@@ -57,7 +57,7 @@
 // (i) The prefill recurrence (kd_cu_prefill) in each form against a float64 recurrence: rows of
 //     0..300 tokens (chunks of 8 and partial ones), grouped value heads, K = 32 / 64 / 128, V up
 //     to 320, decays from 1e-30 to 1; the state's padding and the slots no row names untouched.
-//     The random models of (a) run each form too (default 1; 0, 2, 3 on some shapes).
+//     The random models of (a) run each form too (default 1; 0 and 2 on some shapes).
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1472,8 +1472,9 @@ static void prefill_case(int form, int H, int HV, int K, int V, int long_len, ui
     const int64_t SS = (int64_t)HV * K * V + 40, NSL = 8;
     std::vector<kd_cu_prow> rows(NS);
     int64_t N = 0;
+    int32_t nch = 0; /* chunks of 8 tokens (form 2's work space) */
     for (int i = 0; i < NS; i++) rows[i].slot = slot_of[i], rows[i].start = (int32_t)N, rows[i].len = lens[i],
-                                 rows[i].pad = 0, N += lens[i];
+                                 rows[i].chunk = nch, N += lens[i], nch += (lens[i] + 7) / 8;
     std::vector<float> q((size_t)(N * H * K)), k(q.size()), d((size_t)(N * HV * K)), b((size_t)(N * HV)),
         v((size_t)(N * HV * V)), st((size_t)(NSL * SS), NAN);
     for (int64_t n = 0; n < N * H; n++) { /* unit keys, queries scaled by K^-1/2 */
@@ -1517,14 +1518,16 @@ static void prefill_case(int form, int H, int HV, int K, int V, int long_len, ui
             }
         }
     void *dq = nullptr, *dk = nullptr, *dd = nullptr, *db = nullptr, *dv = nullptr, *ds = nullptr, *dout = nullptr,
-         *drows = nullptr;
+         *drows = nullptr, *dwork = nullptr;
     bool ok = to_dev(&dq, q) && to_dev(&dk, k) && to_dev(&dd, d) && to_dev(&db, b) && to_dev(&dv, v) &&
-              to_dev(&ds, st) && to_dev(&dout, poisoned(ro.size())) && to_dev(&drows, rows);
+              to_dev(&ds, st) && to_dev(&dout, poisoned(ro.size())) && to_dev(&drows, rows) &&
+              to_dev(&dwork, poisoned(kd_kda_prefill_work_floats(nch, HV, K)));
     cudaError_t e = cudaErrorMemoryAllocation;
     const int was = kd_cu_prefill_form(form);
     if (ok)
-        e = kd_cu_prefill((const kd_cu_prow *)drows, NS, H, HV, K, V, (float *)ds, SS, (const float *)dq,
-                          (const float *)dk, (const float *)dd, (const float *)db, (const float *)dv, (float *)dout, 0);
+        e = kd_cu_prefill((const kd_cu_prow *)drows, NS, nch, H, HV, K, V, (float *)ds, SS, (const float *)dq,
+                          (const float *)dk, (const float *)dd, (const float *)db, (const float *)dv, (float *)dout,
+                          (float *)dwork, 0);
     kd_cu_prefill_form(was);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     std::vector<float> go(ro.size()), gs(st.size());
@@ -1544,7 +1547,7 @@ static void prefill_case(int form, int H, int HV, int K, int V, int long_len, ui
            "[prefill form %d H=%d HV=%d K=%d V=%d, rows of %d..%d tokens] against float64: o rel err %.2e, states rel "
            "err %.2e (tol 1e-5), %zu entries outside the rows' states written%s%s",
            form, H, HV, K, V, 0, long_len, eo, es, touched, ok ? "" : ": ", ok ? "" : cudaGetErrorString(e));
-    for (void *p : {dq, dk, dd, db, dv, ds, dout, drows}) cudaFree(p);
+    for (void *p : {dq, dk, dd, db, dv, ds, dout, drows, dwork}) cudaFree(p);
     (void)cudaGetLastError();
 }
 
@@ -1552,7 +1555,7 @@ static void prefill_checks(uint64_t seed) {
     const int shapes[][5] = {{2, 4, 32, 48, 70}, {1, 2, 64, 64, 41}, {2, 2, 128, 128, 300}, {1, 1, 128, 320, 17}};
     int i = 0;
     for (const auto &sh : shapes)
-        for (int form = 0; form < 4; form++, i++) prefill_case(form, sh[0], sh[1], sh[2], sh[3], sh[4], seed + i);
+        for (int form = 0; form < 3; form++, i++) prefill_case(form, sh[0], sh[1], sh[2], sh[3], sh[4], seed + i);
 }
 
 // kd_cu_gemm_skinny against a float64 reference on fresh random bf16 inputs: each output
@@ -2238,7 +2241,7 @@ int main(int argc, char **argv) {
     if (quick && !strcmp(argv[2], "prefill")) { /* the prefill recurrence's forms alone (racecheck) */
         g_plain_order = true;
         prefill_checks(seed + 53);
-        for (int form = 0; form < 4; form++) {
+        for (int form = 0; form < 3; form++) {
             kd_cu_prefill_form(form);
             char tag[32];
             snprintf(tag, sizeof tag, ", prefill form %d", form);
@@ -2272,7 +2275,7 @@ int main(int argc, char **argv) {
                 random_case(specs[i], bf, mode, seed + 1000 * i, quick ? 4 : (bf ? 8 : 14));
             }
     /* the prefill recurrence's other forms (kd_cu_prefill_form; the cases above run the default) */
-    for (int form : {0, 2, 3}) {
+    for (int form : {0, 2}) {
         kd_cu_prefill_form(form);
         char tag[32];
         snprintf(tag, sizeof tag, ", prefill form %d", form);
@@ -2280,7 +2283,7 @@ int main(int argc, char **argv) {
             if (form == 0 && (i == 0 || i == 2)) continue;
             random_case(specs[i], 0, KD_COMMIT_DEFERRED, seed + 1000 * i + 7 + form, 4, tag);
         }
-        if (form >= 2) random_case(specs[1], 1, KD_COMMIT_EAGER, seed + 1000 + 9 + form, 4, tag);
+        if (form == 2) random_case(specs[1], 1, KD_COMMIT_EAGER, seed + 1000 + 9 + form, 4, tag);
     }
     kd_cu_prefill_form(1);
     sampling_case(257, seed + 11, quick ? 2 : 12);

@@ -1745,153 +1745,124 @@ int dispatch(const kd_kda_args *a, kd_kda_mode mode, int max_len, cudaStream_t s
 // The prefill recurrence (kd_kda_prefill) over a row's tokens in chunks of C = 8, each chunk the
 // deferred verify's arithmetic on the state it starts from (kda.cuh): the window product P^T =
 // S^T [b o k; b o q]^T, the triangular solve for the chunk's u and o, then the fold S <- S diag(cp)
-// + U^T Wf, so the state advances 8 tokens at a time by tensor-core products (3xTF32) instead of a
-// token at a time, and stays in registers from the row's first token to its last. All products of
-// decays run forward from 1 within a chunk (no quotients): nothing overflows whatever the gates.
-// Block: CW consumer warps, 16 value columns each of one (row, value head) (the state in the mma
-// accumulator layout, 64 registers at K = 128), and K / 32 producer warps, a thread a key channel,
-// which make the next chunk's operands while the consumers run this one (shared memory, two
-// buffers; one block barrier a chunk): the decayed keys and queries, the fold weights and cp, the
-// warps' partial sums of M and N (window_sums), v and beta; the chunk after next is loaded into
-// their registers meanwhile. A consumer warp sums M and N for itself, then solves its 16 columns
-// (16 lanes, a column each) and folds; between them only __syncwarp.
-__host__ __device__ constexpr int pc_buf(int K, int CB) { /* floats of one buffer */
-    return 24 * (K + 8) + K + (K / 32) * 128 + 8 * CB + 8;
-}
-__host__ __device__ constexpr int pc_raw(int K, int CB, int PW) { /* floats of one chunk's raw inputs */
-    return 3 * 8 * K + (8 * CB + PW * 32 - 1) / (PW * 32) * (PW * 32) + 8;
-}
-__host__ __device__ constexpr int pc_smem(int K, int CW, int PW) {
-    /* two buffers, P [CB][17], U [8][CB + 8], M|N per warp, the producers' raw inputs (two chunks) */
-    return 2 * pc_buf(K, CW * 16) + CW * 16 * 17 + 8 * (CW * 16 + 8) + CW * 128 + 2 * pc_raw(K, CW * 16, PW);
+// + U^T Wf, so that the state advances 8 tokens at a time by tensor-core products (3xTF32) and
+// stays in registers from the row's first token to its last. All products of decays run forward
+// from 1 within a chunk (no quotients): nothing overflows whatever the gates.
+// Two kernels. prefill_prep_kernel: what does not depend on the state, for every (chunk, value
+// head) at once (a block each, a thread a key channel): the decayed keys and queries, the fold
+// weights and cp, M and N (window_sums), into the work space, (25 K + 128) floats a (chunk, head):
+// 13 KiB at K = 128, written once and read by the head's V / 32 column blocks (L2). Then
+// prefill_chunk_kernel: a block of 2 warps a (row, value head, 32 value columns), serial over the
+// row's chunks; each chunk's work (and v, beta) lands in shared memory by asynchronous copies two
+// chunks ahead (three buffers, one barrier a chunk), so a chunk is the window product, the solve
+// (16 lanes a warp, a column each) and the fold, nothing else on its path.
+constexpr int kPC = 8; /* tokens a chunk */
+__host__ __device__ constexpr int pc_work(int K) { return 25 * K + 128; } /* floats a (chunk, head) */
+
+template <int K>
+__global__ void __launch_bounds__(K) prefill_prep_kernel(const kd_kda_prow *rows, int n_rows, int H, int HV,
+                                                         const float *qn, const float *kn, const float *decay,
+                                                         float *work) {
+    constexpr int C = kPC, NWP = K / 32;
+    __shared__ float red[NWP][128];
+    const int z = blockIdx.x, h = blockIdx.y, hk = h / (HV / H), c = threadIdx.x, lane = c % 32;
+    int lo = 0, hi = n_rows - 1; /* the last row whose first chunk is <= z */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (rows[mid].chunk <= z) lo = mid;
+        else hi = mid - 1;
+    }
+    const kd_kda_prow r = rows[lo];
+    const int j = z - r.chunk, T = min(C, r.len - j * C);
+    if (j < 0 || T < 1) return; /* no chunk of any row (the caller's count is past them) */
+    float kw[C], qw[C], dw[C];
+#pragma unroll
+    for (int t = 0; t < C; t++) {
+        kw[t] = qw[t] = 0.f, dw[t] = 1.f;
+        if (t < T) {
+            const size_t n = (size_t)r.start + j * C + t;
+            kw[t] = kn[(n * H + hk) * K + c], qw[t] = qn[(n * H + hk) * K + c];
+            dw[t] = decay[(n * HV + h) * K + c];
+        }
+    }
+    float *w = work + ((size_t)z * HV + h) * pc_work(K), *aw = w, *wf = w + 16 * K, *cp = wf + 8 * K;
+    float b = 1.f;
+#pragma unroll
+    for (int t = 0; t < C; t++) {
+        if (t < T) {
+            b *= dw[t];
+            aw[t * K + c] = kw[t] * b, aw[(T + t) * K + c] = qw[t] * b;
+        } else { /* rows 2T..15 (read by the mma; their columns of P unused) */
+            aw[(T + t) * K + c] = 0.f, aw[(C + t) * K + c] = 0.f;
+        }
+    }
+    float p = 1.f;
+#pragma unroll
+    for (int t = C - 1; t >= 0; t--) {
+        wf[t * K + c] = t < T ? kw[t] * p : 0.f;
+        if (t < T) p *= dw[t];
+    }
+    cp[c] = p;
+    window_sums(kw, qw, dw, T, lane, &red[c / 32][0]);
+    __syncthreads();
+    for (int i = c; i < 128; i += K) { /* M (i < 64) and N, [8][8], zeros outside r < t < T / r <= t < T */
+        const int t = i % 64 / 8, rr = i % 8;
+        float x = 0.f;
+        if (t < T && (i < 64 ? rr < t : rr <= t))
+#pragma unroll
+            for (int y = 0; y < NWP; y++) x += red[y][i];
+        w[25 * K + i] = x;
+    }
 }
 
-template <int K, int CW, int PW>
-__global__ void __launch_bounds__((CW + PW) * 32, PW < K / 32 ? 2 : 1) prefill_chunk_kernel(
-    const kd_kda_prow *rows, int H, int HV, int V, float *state, int64_t ss, const float *qn, const float *kn,
-    const float *decay, const float *beta, const float *v, float *o) {
+template <int K>
+__global__ void __launch_bounds__(64, 4) prefill_chunk_kernel(const kd_kda_prow *rows, int HV, int V, float *state,
+                                                              int64_t ss, const float *work, const float *beta,
+                                                              const float *v, float *o) {
     extern __shared__ __align__(16) float smem[];
-    constexpr int C = 8, KT = K / 8, KP = K + 8, CB = CW * 16, UP = CB + 8, NPT = K / (PW * 32);
-    constexpr int BUF = pc_buf(K, CB), NRED = K / 32; /* partial sums of M | N: one a 32-channel group */
+    constexpr int C = kPC, KT = K / 8, KP = K + 8, CB = 32, UP = CB + 8, W = pc_work(K);
+    /* a buffer: the chunk's work with rows at stride KP (aw [16], wf [8], cp, then M | N), v [C][CB], beta [C] */
+    constexpr int BUF = 25 * KP + 128 + C * CB + C;
     const kd_kda_prow r = rows[blockIdx.z];
-    const int h = blockIdx.y, hk = h / (HV / H), tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
     const int j0 = blockIdx.x * CB, nc = (r.len + C - 1) / C;
-    float *P = smem + 2 * BUF, *su = P + CB * 17, *mnall = su + 8 * UP;
-    /* a buffer: aw [16][KP] (rows t < T: b_t o k_t, rows T + t: b_t o q_t), wf [8][KP], cp [K],
-     * red [K / 32][128] (the partial M | N of each 32-channel group), v [8][CB], beta [8] */
-    auto buf = [&](int i) { return smem + (i & 1) * BUF; };
-    if (warp >= CW) { /* producers: PW warps, NPT key channels a thread (c + e * 32 PW) */
-        constexpr int PT = PW * 32, NE = (C * CB + PT - 1) / PT; /* v entries a thread */
-        const int c = tid - CW * 32;
-        /* raw inputs, staged by asynchronous copies two chunks deep, each entry copied and read by one
-         * thread (no barrier): [2][k, q, d: 3 C K | v: NE PT | beta: C] */
-        float *raw0 = smem + 2 * BUF + CB * 17 + 8 * UP + CW * 128;
-        constexpr int RAW = pc_raw(K, CB, PW);
-        auto stage = [&](int ci) {
+    float *P = smem + 3 * BUF, *su = P + CB * 17;
+    for (int i = tid; i < 3 * C * CB; i += 64) smem[i / (C * CB) * BUF + 25 * KP + 128 + i % (C * CB)] = 0.f;
+    __syncthreads(); /* v's columns past V stay 0 (never copied) */
+    auto stage = [&](int ci) { /* chunk ci into buffer ci % 3; one group a call, empty past the row */
+        if (ci < nc) {
+            float *d = smem + ci % 3 * BUF;
+            const float *w = work + ((size_t)(r.chunk + ci) * HV + h) * W;
+            for (int i = tid; i < W / 4; i += 64) { /* 16-byte copies; rows of K at stride KP */
+                const int e = 4 * i, row = e / K;
+                cp_async16(d + (row < 25 ? row * KP + e % K : 25 * KP + e - 25 * K), w + e);
+            }
             const int T = min(C, r.len - ci * C);
-            float *rw = raw0 + (ci & 1) * RAW;
-            for (int t = 0; t < T; t++) {
-                const size_t n = (size_t)r.start + ci * C + t;
-#pragma unroll
-                for (int e = 0; e < NPT; e++) {
-                    const int cc = c + e * PT;
-                    cp_async4(rw + t * K + cc, kn + (n * H + hk) * K + cc);
-                    cp_async4(rw + (C + t) * K + cc, qn + (n * H + hk) * K + cc);
-                    cp_async4(rw + (2 * C + t) * K + cc, decay + (n * HV + h) * K + cc);
-                }
+            for (int i = tid; i < T * CB; i += 64) {
+                const int t = i / CB, jj = i % CB;
+                if (j0 + jj < V) cp_async4(d + 25 * KP + 128 + i, v + (((size_t)r.start + ci * C + t) * HV + h) * V + j0 + jj);
             }
-#pragma unroll
-            for (int e = 0; e < NE; e++) { /* v [t][jj]: entry c + e PT of the chunk's C x CB */
-                const int i = c + e * PT, t = i / CB, jj = i % CB;
-                if (i < C * CB && t < T && j0 + jj < V)
-                    cp_async4(rw + 3 * C * K + i, v + (((size_t)r.start + ci * C + t) * HV + h) * V + j0 + jj);
-            }
-            if (c < T) cp_async4(rw + 3 * C * K + NE * PT + c, beta + ((size_t)r.start + ci * C + c) * HV + h);
-            cp_async_commit();
-        };
-        auto make = [&](int ci) {
-            const int T = min(C, r.len - ci * C);
-            const float *rw = raw0 + (ci & 1) * RAW;
-            float *aw = buf(ci), *wf = aw + 16 * KP, *cp = wf + 8 * KP, *red = cp + K, *sv = red + NRED * 128,
-                  *sb = sv + 8 * CB;
-#pragma unroll
-            for (int e = 0; e < NPT; e++) {
-                const int cc = c + e * PT;
-                float kw[C], qw[C], dw[C];
-#pragma unroll
-                for (int t = 0; t < C; t++) {
-                    const bool in = t < T;
-                    kw[t] = in ? rw[t * K + cc] : 0.f, qw[t] = in ? rw[(C + t) * K + cc] : 0.f;
-                    dw[t] = in ? rw[(2 * C + t) * K + cc] : 1.f;
-                }
-                float b = 1.f;
-#pragma unroll
-                for (int t = 0; t < C; t++) {
-                    if (t < T) {
-                        b *= dw[t];
-                        aw[t * KP + cc] = kw[t] * b, aw[(T + t) * KP + cc] = qw[t] * b;
-                    } else { /* rows 2T..15 (read by the mma, their columns of P unused) */
-                        aw[(T + t) * KP + cc] = 0.f, aw[(C + t) * KP + cc] = 0.f;
-                    }
-                }
-                float p = 1.f;
-#pragma unroll
-                for (int t = C - 1; t >= 0; t--) {
-                    wf[t * KP + cc] = t < T ? kw[t] * p : 0.f;
-                    if (t < T) p *= dw[t];
-                }
-                cp[cc] = p;
-                window_sums(kw, qw, dw, T, lane, red + (cc / 32) * 128);
-            }
-#pragma unroll
-            for (int e = 0; e < NE; e++) {
-                const int i = c + e * PT, t = i / CB, jj = i % CB;
-                if (i < C * CB) sv[i] = t < T && j0 + jj < V ? rw[3 * C * K + i] : 0.f;
-            }
-            if (c < C) sb[c] = c < T ? rw[3 * C * K + NE * PT + c] : 0.f;
-        };
-        if (nc > 0) stage(0);
-        if (nc > 1) stage(1);
-        if (nc > 0) {
-            if (nc > 1) cp_async_wait1();
-            else cp_async_wait();
-            make(0);
+            if (tid < T) cp_async4(d + 25 * KP + 128 + C * CB + tid, beta + ((size_t)r.start + ci * C + tid) * HV + h);
         }
-        __syncthreads();
-        for (int ci = 0; ci < nc; ci++) {
-            if (ci + 1 < nc) { /* chunk ci + 1 has landed (the only group in flight); stage ci + 2 behind it */
-                cp_async_wait();
-                if (ci + 2 < nc) stage(ci + 2);
-                make(ci + 1);
-            }
-            __syncthreads();
-        }
-        return;
-    }
-    /* consumers */
-    const int g = lane / 4, q = lane % 4, vl = warp * 16 + 2 * g, va = j0 + vl;
+        cp_async_commit();
+    };
+    const int vl = warp * 16 + 2 * g, va = j0 + vl;
     const bool live = va < V;
-    float *S = state + (size_t)r.slot * ss + (size_t)h * K * V, *mn = mnall + warp * 128;
+    float *S = state + (size_t)r.slot * ss + (size_t)h * K * V;
     float s[KT][4];
+    stage(0);
+    stage(1);
     tc_load<KT>(s, S, V, va, q, live);
-    __syncthreads();
     for (int ci = 0; ci < nc; ci++) {
+        cp_async_wait1(); /* chunk ci has landed (ci + 1 may still fly) */
+        __syncthreads();  /* for every thread's copies; and buffer (ci + 2) % 3 is no longer read */
+        stage(ci + 2);
         const int T = min(C, r.len - ci * C);
-        const float *aw = buf(ci), *wf = aw + 16 * KP, *cp = wf + 8 * KP, *red = cp + K, *sv = red + NRED * 128,
-                    *sb = sv + 8 * CB;
+        const float *aw = smem + ci % 3 * BUF, *wf = aw + 16 * KP, *cp = wf + 8 * KP, *mn = cp + KP,
+                    *sv = mn + 128, *sb = sv + C * CB;
         tc_window_smem<K, 2>(s, aw, P, vl, g, q);
-#pragma unroll
-        for (int e = 0; e < 4; e++) { /* M (i < 64), N: the entries the solve reads */
-            const int i = lane + 32 * e, t = i % 64 / 8, rr = i % 8;
-            if (t < T && (i < 64 ? rr < t : rr <= t)) {
-                float x = 0.f;
-#pragma unroll
-                for (int w = 0; w < NRED; w++) x += red[w * 128 + i];
-                mn[i] = x;
-            }
-        }
         __syncwarp();
-        if (lane < 16) { /* the solve of column col: u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t */
+        if (lane < 16) {
             const int col = warp * 16 + lane, j = j0 + col;
             tc_solve(T, CB, col, sv, sb, P, mn, mn + 64, [&](int t, float u, float y) {
                 if (j < V) o[(((size_t)r.start + ci * C + t) * HV + h) * V + j] = y;
@@ -1900,20 +1871,25 @@ __global__ void __launch_bounds__((CW + PW) * 32, PW < K / 32 ? 2 : 1) prefill_c
         }
         __syncwarp();
         tc_fold_smem<K>(s, cp, su, UP, wf, T, vl, g, q);
-        __syncthreads();
     }
+    cp_async_wait();
     if (live) tc_store<KT>(s, S, V, va, q);
 }
 
-template <int K, int CW, int PW>
-cudaError_t launch_prefill_chunks(const kd_kda_prow *rows, int n_rows, int H, int HV, int V, float *state, int64_t ss,
-                                  const float *qn, const float *kn, const float *decay, const float *beta,
-                                  const float *v, float *o, cudaStream_t s) {
-    const size_t sm = (size_t)pc_smem(K, CW, PW) * sizeof(float);
-    auto f = prefill_chunk_kernel<K, CW, PW>;
+__host__ __device__ constexpr int pc_smem(int K) { return 3 * (25 * (K + 8) + 128 + kPC * 32 + kPC) + 32 * 17 + 8 * 40; }
+
+template <int K>
+cudaError_t launch_prefill_chunks(const kd_kda_prow *rows, int n_rows, int n_chunks, int H, int HV, int V,
+                                  float *state, int64_t ss, const float *qn, const float *kn, const float *decay,
+                                  const float *beta, const float *v, float *o, float *work, cudaStream_t s) {
+    prefill_prep_kernel<K><<<dim3((unsigned)n_chunks, (unsigned)HV), K, 0, s>>>(rows, n_rows, H, HV, qn, kn, decay, work);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const size_t sm = (size_t)pc_smem(K) * sizeof(float);
+    auto f = prefill_chunk_kernel<K>;
     if (sm > 48 * 1024) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    f<<<dim3((unsigned)((V + CW * 16 - 1) / (CW * 16)), (unsigned)HV, (unsigned)n_rows), (CW + PW) * 32, sm, s>>>(
-        rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
+    f<<<dim3((unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)n_rows), 64, sm, s>>>(rows, HV, V, state, ss, work,
+                                                                                    beta, v, o);
     return cudaGetLastError();
 }
 
@@ -1967,23 +1943,21 @@ extern "C" int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const
                               decay, beta);
 }
 
-extern "C" int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t H, int32_t HV, int32_t K, int32_t V,
-                              float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
-                              const float *beta, const float *v, float *o, int32_t wide, void *stream) {
-    if (n_rows <= 0) return 0;
-    if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H || V < 2 || V % 2 || (wide != 0 && wide != 1))
-        return (int)cudaErrorInvalidValue;
+extern "C" size_t kd_kda_prefill_work_floats(int32_t n_chunks, int32_t HV, int32_t K) {
+    return (size_t)(n_chunks > 0 ? n_chunks : 0) * (size_t)(HV > 0 ? HV : 0) * (size_t)pc_work(K);
+}
+
+extern "C" int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t n_chunks, int32_t H, int32_t HV,
+                              int32_t K, int32_t V, float *state, int64_t state_stride, const float *qn,
+                              const float *kn, const float *decay, const float *beta, const float *v, float *o,
+                              float *work, void *stream) {
+    if (n_rows <= 0 || n_chunks <= 0) return 0;
+    if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H || V < 2 || V % 2 || !work) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
-#define KD_PC(KK)                                                                                                    \
-    return (int)(wide ? launch_prefill_chunks<KK, 2, KK / 32>(rows, n_rows, H, HV, V, state, state_stride, qn, kn, \
-                                                                  decay, beta, v, o, s)                                \
-                         : launch_prefill_chunks<KK, 2, (KK >= 64 ? 2 : 1)>(rows, n_rows, H, HV, V, state,            \
-                                                                            state_stride, qn, kn, decay, beta, v, o, s))
     switch (K) {
-    case 32: KD_PC(32);
-    case 64: KD_PC(64);
-    case 128: KD_PC(128);
+    case 32: return (int)launch_prefill_chunks<32>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o, work, s);
+    case 64: return (int)launch_prefill_chunks<64>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o, work, s);
+    case 128: return (int)launch_prefill_chunks<128>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o, work, s);
     default: return (int)cudaErrorInvalidValue;
     }
-#undef KD_PC
 }

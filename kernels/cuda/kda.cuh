@@ -177,20 +177,22 @@ int kd_kda_prepare(int32_t N, int32_t H, int32_t HV, int32_t K, const float *q, 
                    const float *dt_bias, int32_t use_lower_bound, float lower_bound, int32_t allow_neg_eigval,
                    float *qn, float *kn, float *qk, float *decay, float *beta, void *stream);
 
-// A prefill row: tokens [start, start + len) of the batch advance the committed state of slot.
+// A prefill row: tokens [start, start + len) of the batch advance the committed state of slot;
+// chunk: the row's first chunk (of 8 tokens) in kd_kda_prefill's work space (rows in order: each
+// row's chunk is the last one's plus its ceil(len / 8)).
 typedef struct kd_kda_prow {
-    int32_t slot, start, len, pad;
+    int32_t slot, start, len, chunk;
 } kd_kda_prow;
 // The prefill recurrence of those rows on the committed states in place (KDA.md §2.6), in chunks
-// of 8 tokens on tensor cores (kda.cu, prefill_chunk_kernel): per chunk the verify's window
-// product, triangular solve and fold, the state in registers across the row, 32 value columns a
-// block. Inputs and outputs as kd_cu_prefill's (ops.cuh). wide: the next chunk's operands made by
-// a thread a key channel (1; K / 32 warps, a block an SM at K = 128) or by 2 warps (0; two
-// blocks an SM). K 32, 64 or 128, V even; else cudaErrorInvalidValue. 0 on success, else a
-// cudaError_t.
-int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t H, int32_t HV, int32_t K, int32_t V,
-                   float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
-                   const float *beta, const float *v, float *o, int32_t wide, void *stream);
+// of 8 tokens on tensor cores (kda.cu, prefill_prep_kernel and prefill_chunk_kernel): per chunk the
+// verify's window product, triangular solve and fold, the state in registers across the row.
+// n_chunks: the rows' chunks in all; work: kd_kda_prefill_work_floats(n_chunks, HV, K) floats
+// (device). Inputs and outputs as kd_cu_prefill's (ops.cuh). K 32, 64 or 128, V even; else
+// cudaErrorInvalidValue. 0 on success, else a cudaError_t.
+int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t n_chunks, int32_t H, int32_t HV, int32_t K,
+                   int32_t V, float *state, int64_t state_stride, const float *qn, const float *kn,
+                   const float *decay, const float *beta, const float *v, float *o, float *work, void *stream);
+size_t kd_kda_prefill_work_floats(int32_t n_chunks, int32_t HV, int32_t K);
 
 #ifdef __cplusplus
 }

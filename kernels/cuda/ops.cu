@@ -858,7 +858,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 static std::atomic<int> g_prefill_form{1};
 
 int kd_cu_prefill_form(int form) {
-    if (form < 0 || form > 3) return g_prefill_form.load();
+    if (form < 0 || form > 2) return g_prefill_form.load();
     return g_prefill_form.exchange(form);
 }
 
@@ -872,16 +872,16 @@ static void launch_prefill(int form, dim3 grid, cudaStream_t s, const kd_cu_prow
         prefill_kernel<K><<<grid, 32, 0, s>>>(rows, H, HV, V, state, ss, qn, kn, decay, beta, v, o);
 }
 
-cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V, float *state,
-                          int64_t state_stride, const float *qn, const float *kn, const float *decay, const float *beta, const float *v,
-                          float *o, cudaStream_t s) {
+cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int n_chunks, int H, int HV, int K, int V,
+                          float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
+                          const float *beta, const float *v, float *o, float *work, cudaStream_t s) {
     if (n_rows <= 0) return cudaSuccess;
     if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)n_rows);
     const int form = g_prefill_form.load(std::memory_order_relaxed);
-    if (form >= 2 && V % 2 == 0)
-        return (cudaError_t)kd_kda_prefill(rows, n_rows, H, HV, K, V, state, state_stride, qn, kn, decay, beta, v, o,
-                                           form == 3, s);
+    if (form == 2 && V % 2 == 0)
+        return (cudaError_t)kd_kda_prefill(rows, n_rows, n_chunks, H, HV, K, V, state, state_stride, qn, kn, decay,
+                                           beta, v, o, work, s);
     switch (K) {
     case 32: launch_prefill<32>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;
     case 64: launch_prefill<64>(form, grid, s, rows, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o); break;

@@ -164,12 +164,12 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 //    joined by two shuffles): chains of K / 4 (two accumulators each), and the next token's q,
 //    k, decay, beta and v loaded into registers while this one computes, then stored into the
 //    other half of a double buffer in shared memory: one barrier a token, no load on its path.
-// 2, 3: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), the next chunk's
-//    operands made by 2 warps (2) or by a thread a key channel (3); at odd V form 1.
-cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int H, int HV, int K, int V,
+// 2: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), with n_chunks and work as
+//    there (forms 0 and 1 ignore them); at odd V form 1.
+cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int n_chunks, int H, int HV, int K, int V,
                           float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
-                          const float *beta, const float *v, float *o, cudaStream_t s);
-// Sets the form kd_cu_prefill launches (0-3, above; anything else is ignored) and returns the
+                          const float *beta, const float *v, float *o, float *work, cudaStream_t s);
+// Sets the form kd_cu_prefill launches (0-2, above; anything else is ignored) and returns the
 // previous one: benchmarks and tests.
 int kd_cu_prefill_form(int form);
 

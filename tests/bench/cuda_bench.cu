@@ -40,7 +40,7 @@
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
 //   KD_BENCH_PREFILL=1 cuda_bench ...: only prefill forwards (1-32 prompts of 32-1536 tokens, eager) with the
-//   recurrence's forms 1, 2 and 3 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
+//   recurrence's forms 1 and 2 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
 //   rounds (the first dropped), medians into OUT_PREFIX.json and .md.
 //   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
 //   each, their medians (printed only): two builds run alternately in one session compare their kernels.
@@ -447,11 +447,10 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_PREFILL")) { /* prefill forwards (eager): the recurrence's forms, and without it */
         const int pcs[][2] = {{1, 64}, {1, 512}, {1, 1536}, {2, 768}, {4, 384}, {6, 64}, {12, 128}, {32, 32}};
-        const int forms[] = {1, 2, 3}, NF = 3; /* column v < NF: form forms[v]; v == NF: without the recurrence */
-        std::string md = "| prompts | tokens each | forward ms, form 1 | form 2 | form 3 | without the recurrence | "
-                         "recurrence ms, form 1 | form 2 | form 3 | recurrence, form 1 / form 2 | form 1 / form 3 | "
-                         "prompt tokens/s, form 1 | form 2 | form 3 |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-                         "---|---|\n",
+        const int forms[] = {1, 2}, NF = 2; /* column v < NF: form forms[v]; v == NF: without the recurrence */
+        std::string md = "| prompts | tokens each | forward ms, form 1 | form 2 | without the recurrence | "
+                         "recurrence ms, form 1 | form 2 | recurrence, form 1 / form 2 | forward, form 1 / form 2 | "
+                         "prompt tokens/s, form 1 | form 2 |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
                     js = json_head(info.device0_name, date, argv) + "  \"rounds\": 6,\n  \"points\": [\n";
         char line[768];
         for (const auto &pc : pcs) {
@@ -480,15 +479,15 @@ int main(int argc, char **argv) {
             for (int v = 0; v <= NF; v++) std::sort(t[v].begin(), t[v].end()), f[v] = 0.5e3 * (t[v][2] + t[v][3]);
             const double tk = pc[0] * pc[1] * 1e3;
             snprintf(line, sizeof line,
-                     "| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f |\n",
-                     pc[0], pc[1], f[0], f[1], f[2], f[3], f[0] - f[3], f[1] - f[3], f[2] - f[3],
-                     (f[0] - f[3]) / (f[1] - f[3]), (f[0] - f[3]) / (f[2] - f[3]), tk / f[0], tk / f[1], tk / f[2]);
+                     "| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f |\n", pc[0], pc[1], f[0],
+                     f[1], f[2], f[0] - f[2], f[1] - f[2], (f[0] - f[2]) / (f[1] - f[2]), f[0] / f[1], tk / f[0],
+                     tk / f[1]);
             md += line;
             printf("prefill: %s", line);
             snprintf(line, sizeof line,
                      "%s    {\"prompts\": %d, \"tokens\": %d, \"forward_ms_form1\": %.4f, \"forward_ms_form2\": %.4f, "
-                     "\"forward_ms_form3\": %.4f, \"forward_ms_without_recurrence\": %.4f}",
-                     &pc == &pcs[0] ? "" : ",\n", pc[0], pc[1], f[0], f[1], f[2], f[3]);
+                     "\"forward_ms_without_recurrence\": %.4f}",
+                     &pc == &pcs[0] ? "" : ",\n", pc[0], pc[1], f[0], f[1], f[2]);
             js += line;
         }
         js += "\n  ]\n}\n";
@@ -498,8 +497,8 @@ int main(int argc, char **argv) {
                       "recurrence's forms", js,
                       "Eager forwards of prefill rows (no logits) from zeroed slots, bf16 activations, fp32 state: "
                       "the recurrence (kd_cu_prefill) in form 1 (token by token, a column 4 threads, the next token "
-                      "prefetched), forms 2 and 3 (chunks of 8 tokens on tensor cores, the next chunk's operands "
-                      "made by 2 warps / by a thread a key channel: kd_kda_prefill), and the same forward without it (KD_CUDA_SKIP_PREFILL), the four "
+                      "prefetched), form 2 (chunks of 8 tokens on tensor cores: kd_kda_prefill), and the same forward "
+                      "without it (KD_CUDA_SKIP_PREFILL), the three "
                       "alternated over 7 rounds, the first dropped; medians of 6. The recurrence's time is the "
                       "forward's less the forward without it.\n\n" + md);
         kd_engine_free(e);
