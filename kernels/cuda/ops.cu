@@ -855,7 +855,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
     return cudaGetLastError();
 }
 
-static std::atomic<int> g_prefill_form{1};
+static std::atomic<int> g_prefill_form{2};
 
 int kd_cu_prefill_form(int form) {
     if (form < 0 || form > 2) return g_prefill_form.load();

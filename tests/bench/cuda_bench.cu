@@ -491,7 +491,7 @@ int main(int argc, char **argv) {
             js += line;
         }
         js += "\n  ]\n}\n";
-        kd_cu_prefill_form(1);
+        kd_cu_prefill_form(2);
         kd_cuda_set_skip(be, 0);
         write_results(argv, info.device0_name, date, "Kimi-Linear-48B KDA preset: prefill forwards, the KDA "
                       "recurrence's forms", js,
