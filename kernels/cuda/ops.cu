@@ -855,10 +855,10 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
     return cudaGetLastError();
 }
 
-static std::atomic<int> g_prefill_form{2};
+static std::atomic<int> g_prefill_form{3};
 
 int kd_cu_prefill_form(int form) {
-    if (form < 0 || form > 2) return g_prefill_form.load();
+    if (form != 0 && form != 1 && form != 3) return g_prefill_form.load();
     return g_prefill_form.exchange(form);
 }
 
@@ -879,7 +879,7 @@ cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int n_chunks, int 
     if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)n_rows);
     const int form = g_prefill_form.load(std::memory_order_relaxed);
-    if (form == 2 && V % 2 == 0)
+    if (form == 3 && V % 2 == 0)
         return (cudaError_t)kd_kda_prefill(rows, n_rows, n_chunks, H, HV, K, V, state, state_stride, qn, kn, decay,
                                            beta, v, o, work, s);
     switch (K) {

@@ -156,7 +156,7 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 // qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state
 // slot s's [HV][K][V] at state + s * state_stride. K must be 32, 64 or 128 (else
 // cudaErrorInvalidValue).
-// Forms (kd_cu_prefill_form, process-wide; default 2):
+// Forms (kd_cu_prefill_form, process-wide; default 3):
 // 0: a block of 32 threads a 32-column stripe of one head's state, a column a thread (K of its
 //    floats in registers): every token two dependent chains of K FMAs a thread and two block
 //    barriers around a load of the token's q, k and decay.
@@ -164,12 +164,13 @@ cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist,
 //    joined by two shuffles): chains of K / 4 (two accumulators each), and the next token's q,
 //    k, decay, beta and v loaded into registers while this one computes, then stored into the
 //    other half of a double buffer in shared memory: one barrier a token, no load on its path.
-// 2: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), with n_chunks and work as
-//    there (forms 0 and 1 ignore them); at odd V form 1. The default: results/prefill_h200.md.
+// 3: in chunks of 8 tokens on tensor cores (kd_kda_prefill, kda.cuh), with n_chunks and work as
+//    there (forms 0 and 1 ignore them); at odd V form 1. The default: results/prefill_h200.md. (Form 2,
+//    a column 8 threads, was measured and dropped: results/tried/README.md.)
 cudaError_t kd_cu_prefill(const kd_cu_prow *rows, int n_rows, int n_chunks, int H, int HV, int K, int V,
                           float *state, int64_t state_stride, const float *qn, const float *kn, const float *decay,
                           const float *beta, const float *v, float *o, float *work, cudaStream_t s);
-// Sets the form kd_cu_prefill launches (0-2, above; anything else is ignored) and returns the
+// Sets the form kd_cu_prefill launches (0, 1 or 3, above; anything else is ignored) and returns the
 // previous one: benchmarks and tests.
 int kd_cu_prefill_form(int form);
 

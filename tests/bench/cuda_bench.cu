@@ -40,7 +40,7 @@
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
 //   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
 //   KD_BENCH_PREFILL=1 cuda_bench ...: only prefill forwards (1-32 prompts of 32-1536 tokens, eager) with the
-//   recurrence's forms 1 and 2 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
+//   recurrence's forms 1 and 3 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
 //   rounds (the first dropped), medians into OUT_PREFIX.json and .md.
 //   KD_BENCH_STEPS=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 3 with the defaults, 5 rounds of 20
 //   each, their medians (printed only): two builds run alternately in one session compare their kernels.
@@ -447,10 +447,10 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_PREFILL")) { /* prefill forwards (eager): the recurrence's forms, and without it */
         const int pcs[][2] = {{1, 64}, {1, 512}, {1, 1536}, {2, 768}, {4, 384}, {6, 64}, {12, 128}, {32, 32}};
-        const int forms[] = {1, 2}, NF = 2; /* column v < NF: form forms[v]; v == NF: without the recurrence */
-        std::string md = "| prompts | tokens each | forward ms, form 1 | form 2 | without the recurrence | "
-                         "recurrence ms, form 1 | form 2 | recurrence, form 1 / form 2 | forward, form 1 / form 2 | "
-                         "prompt tokens/s, form 1 | form 2 |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        const int forms[] = {1, 3}, NF = 2; /* column v < NF: form forms[v]; v == NF: without the recurrence */
+        std::string md = "| prompts | tokens each | forward ms, form 1 | form 3 | without the recurrence | "
+                         "recurrence ms, form 1 | form 3 | recurrence, form 1 / form 3 | forward, form 1 / form 3 | "
+                         "prompt tokens/s, form 1 | form 3 |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
                     js = json_head(info.device0_name, date, argv) + "  \"rounds\": 6,\n  \"points\": [\n";
         char line[768];
         for (const auto &pc : pcs) {
@@ -485,19 +485,19 @@ int main(int argc, char **argv) {
             md += line;
             printf("prefill: %s", line);
             snprintf(line, sizeof line,
-                     "%s    {\"prompts\": %d, \"tokens\": %d, \"forward_ms_form1\": %.4f, \"forward_ms_form2\": %.4f, "
+                     "%s    {\"prompts\": %d, \"tokens\": %d, \"forward_ms_form1\": %.4f, \"forward_ms_form3\": %.4f, "
                      "\"forward_ms_without_recurrence\": %.4f}",
                      &pc == &pcs[0] ? "" : ",\n", pc[0], pc[1], f[0], f[1], f[2]);
             js += line;
         }
         js += "\n  ]\n}\n";
-        kd_cu_prefill_form(2);
+        kd_cu_prefill_form(3);
         kd_cuda_set_skip(be, 0);
         write_results(argv, info.device0_name, date, "Kimi-Linear-48B KDA preset: prefill forwards, the KDA "
                       "recurrence's forms", js,
                       "Eager forwards of prefill rows (no logits) from zeroed slots, bf16 activations, fp32 state: "
                       "the recurrence (kd_cu_prefill) in form 1 (token by token, a column 4 threads, the next token "
-                      "prefetched), form 2 (chunks of 8 tokens on tensor cores: kd_kda_prefill), and the same forward "
+                      "prefetched), form 3 (chunks of 8 tokens on tensor cores: kd_kda_prefill; the default), and the same forward "
                       "without it (KD_CUDA_SKIP_PREFILL), the three "
                       "alternated over 7 rounds, the first dropped; medians of 6. The recurrence's time is the "
                       "forward's less the forward without it.\n\n" + md);

@@ -55,7 +55,7 @@ if [[ -x $san ]]; then
   "$san" --tool racecheck --error-exitcode 3 "$bin/cuda_test" "$oracle" fused \
     > "$out/cuda_test_racecheck_conv.log" 2>&1 || { tail -40 "$out/cuda_test_racecheck_conv.log"; exit 3; }
   tail -4 "$out/cuda_test_racecheck_conv.log"
-  # and on the prefill recurrence's two forms (cuda_test's prefill mode; the quick mode's cuBLASLt checks end in
+  # and on the prefill recurrence's forms (cuda_test's prefill mode; the quick mode's cuBLASLt checks end in
   # an internal error of racecheck)
   "$san" --tool racecheck --error-exitcode 3 "$bin/cuda_test" "$oracle" prefill \
     > "$out/cuda_test_racecheck_prefill.log" 2>&1 || { tail -40 "$out/cuda_test_racecheck_prefill.log"; exit 3; }
