@@ -1,5 +1,6 @@
 // kda.cuh: the KDA recurrence on the GPU for decode: the deferred verify, the eager
-// commit, and the stock store-all verify (KDA.md §3-6). C ABI launchers for the backend and
+// commit, and the stock store-all verify (KDA.md §3-6); and for prefill, the recurrence in chunks
+// of 8 tokens with the verify's products (kd_kda_prefill). C ABI launchers for the backend and
 // the benchmark.
 //
 // State layout (per layer; the CPU backend's and the handoff's): S [slot][HV][K][V] fp32,
