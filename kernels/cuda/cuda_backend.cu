@@ -602,8 +602,9 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
                  "K slices' partial sums", err) ||
         dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)Tw),
                  4, "KDA verify work space", err) ||
-        dalloc_t(cb, &cb->pf_work, (int64_t)kd_kda_prefill_work_floats((int32_t)(N / 8 + max_rows), (int32_t)HV, (int32_t)K),
-                 4, "KDA prefill work space", err))
+        dalloc_t(cb, &cb->pf_work,
+                 (int64_t)kd_kda_prefill_work_floats((int32_t)(N / 8 + max_rows), (int32_t)HV, (int32_t)K), 4,
+                 "KDA prefill work space", err))
         return -1;
     cb->kpart_rows = cb->bf16 ? (N < kKsplitRows ? N : kKsplitRows) : 0;
     cb->win = cb->S + ssm; // each layer's window right after its S
@@ -1191,8 +1192,8 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
             KDA(kd_kda_verify(&a, kmode, max_len, s));
         }
         if (np && !(sk & KD_CUDA_SKIP_PREFILL))
-            KDA(kd_cu_prefill(d_prows, np, sh.npc, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS, cb->sstride, cb->qn,
-                              cb->kn, cb->decay, cb->beta, cb->v, cb->o, cb->pf_work, s));
+            KDA(kd_cu_prefill(d_prows, np, sh.npc, (int)cb->H, (int)HV, (int)K, (int)V, cb->S + (size_t)l * cb->lS,
+                              cb->sstride, cb->qn, cb->kn, cb->decay, cb->beta, cb->v, cb->o, cb->pf_work, s));
         if (side) {
             CU(cudaStreamWaitEvent(s, cb->ev_g, 0));
             cb->side_open = 0; /* all its work so far */

@@ -1840,7 +1840,8 @@ __global__ void __launch_bounds__(64, 4) prefill_chunk_kernel(const kd_kda_prow 
             const int T = min(C, r.len - ci * C);
             for (int i = tid; i < T * CB; i += 64) {
                 const int t = i / CB, jj = i % CB;
-                if (j0 + jj < V) cp_async4(d + 25 * KP + 128 + i, v + (((size_t)r.start + ci * C + t) * HV + h) * V + j0 + jj);
+                if (j0 + jj < V)
+                    cp_async4(d + 25 * KP + 128 + i, v + (((size_t)r.start + ci * C + t) * HV + h) * V + j0 + jj);
             }
             if (tid < T) cp_async4(d + 25 * KP + 128 + C * CB + tid, beta + ((size_t)r.start + ci * C + tid) * HV + h);
         }
@@ -1876,13 +1877,16 @@ __global__ void __launch_bounds__(64, 4) prefill_chunk_kernel(const kd_kda_prow 
     if (live) tc_store<KT>(s, S, V, va, q);
 }
 
-__host__ __device__ constexpr int pc_smem(int K) { return 3 * (25 * (K + 8) + 128 + kPC * 32 + kPC) + 32 * 17 + 8 * 40; }
+__host__ __device__ constexpr int pc_smem(int K) { /* three buffers, P [32][17], U [8][40] */
+    return 3 * (25 * (K + 8) + 128 + kPC * 32 + kPC) + 32 * 17 + 8 * 40;
+}
 
 template <int K>
 cudaError_t launch_prefill_chunks(const kd_kda_prow *rows, int n_rows, int n_chunks, int H, int HV, int V,
                                   float *state, int64_t ss, const float *qn, const float *kn, const float *decay,
                                   const float *beta, const float *v, float *o, float *work, cudaStream_t s) {
-    prefill_prep_kernel<K><<<dim3((unsigned)n_chunks, (unsigned)HV), K, 0, s>>>(rows, n_rows, H, HV, qn, kn, decay, work);
+    prefill_prep_kernel<K><<<dim3((unsigned)n_chunks, (unsigned)HV), K, 0, s>>>(rows, n_rows, H, HV, qn, kn, decay,
+                                                                                work);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     const size_t sm = (size_t)pc_smem(K) * sizeof(float);
@@ -1954,10 +1958,14 @@ extern "C" int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t n
     if (n_rows <= 0 || n_chunks <= 0) return 0;
     if (n_rows > 65535 || HV > 65535 || H < 1 || HV % H || V < 2 || V % 2 || !work) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
+#define KD_PC(KK)                                                                                                  \
+    return (int)launch_prefill_chunks<KK>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, \
+                                          v, o, work, s)
     switch (K) {
-    case 32: return (int)launch_prefill_chunks<32>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o, work, s);
-    case 64: return (int)launch_prefill_chunks<64>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o, work, s);
-    case 128: return (int)launch_prefill_chunks<128>(rows, n_rows, n_chunks, H, HV, V, state, state_stride, qn, kn, decay, beta, v, o, work, s);
+    case 32: KD_PC(32);
+    case 64: KD_PC(64);
+    case 128: KD_PC(128);
     default: return (int)cudaErrorInvalidValue;
     }
+#undef KD_PC
 }

@@ -497,8 +497,8 @@ int main(int argc, char **argv) {
                       "recurrence's forms", js,
                       "Eager forwards of prefill rows (no logits) from zeroed slots, bf16 activations, fp32 state: "
                       "the recurrence (kd_cu_prefill) in form 1 (token by token, a column 4 threads, the next token "
-                      "prefetched), form 3 (chunks of 8 tokens on tensor cores: kd_kda_prefill; the default), and the same forward "
-                      "without it (KD_CUDA_SKIP_PREFILL), the three "
+                      "prefetched), form 3 (chunks of 8 tokens on tensor cores: kd_kda_prefill; the default), and "
+                      "the same forward without it (KD_CUDA_SKIP_PREFILL), the three "
                       "alternated over 7 rounds, the first dropped; medians of 6. The recurrence's time is the "
                       "forward's less the forward without it.\n\n" + md);
         kd_engine_free(e);
