@@ -55,7 +55,7 @@
 //     range with the table's algorithm (sampled outputs; no NaN left of the poison); its plans
 //     kept once a shape, the oldest replaced past KD_LT_PLANS; the shapes it must refuse.
 // (i) The prefill recurrence (kd_cu_prefill) in each form against a float64 recurrence: rows of
-//     0..300 tokens (chunks of 8 and partial ones), grouped value heads, K = 32 / 64 / 128, V up
+//     0 to 300 tokens (chunks of 8 and partial ones), grouped value heads, K = 32 / 64 / 128, V up
 //     to 320, decays from 1e-30 to 1; the state's padding and the slots no row names untouched.
 //     The random models of (a) run each form too (the default, 3; 0 and 1 on some shapes).
 #include <math.h>
@@ -1544,9 +1544,10 @@ static void prefill_case(int form, int H, int HV, int K, int V, int long_len, ui
         if (named) es = std::max(es, rel_d(gs.data() + sl * SS, rs.data() + sl * SS, (size_t)HV * K * V));
     }
     report(ok && eo < 1e-5 && es < 1e-5 && touched == 0,
-           "[prefill form %d H=%d HV=%d K=%d V=%d, rows of %d..%d tokens] against float64: o rel err %.2e, states rel "
-           "err %.2e (tol 1e-5), %zu entries outside the rows' states written%s%s",
-           form, H, HV, K, V, 0, long_len, eo, es, touched, ok ? "" : ": ", ok ? "" : cudaGetErrorString(e));
+           "[prefill form %d H=%d HV=%d K=%d V=%d, rows of %d/%d/%d/%d/%d/%d tokens] against float64: o rel err %.2e, "
+           "states rel err %.2e (tol 1e-5), %zu entries outside the rows' states written%s%s",
+           form, H, HV, K, V, lens[0], lens[1], lens[2], lens[3], lens[4], lens[5], eo, es, touched, ok ? "" : ": ",
+           ok ? "" : cudaGetErrorString(e));
     for (void *p : {dq, dk, dd, db, dv, ds, dout, drows, dwork}) cudaFree(p);
     (void)cudaGetLastError();
 }

@@ -151,8 +151,9 @@ cudaError_t kd_cu_conv_ring_fill(const kd_cu_fold *folds, int n_folds, int64_t C
 cudaError_t kd_cu_conv_window(int to_ring, int L, int64_t C, int W, float *hist, int64_t lhist, int R, int32_t slot,
                               int32_t head, float *win, int64_t lwin, cudaStream_t s);
 
-// The KDA recurrence of prefill rows, token by token, on the committed state in place:
-// S <- diag(decay) S; u = beta (v - S^T kn); S += kn u^T; o = S^T qn (KDA.md §2.6).
+// The KDA recurrence of prefill rows on the committed state in place, token by token (forms 0, 1)
+// or in chunks of 8 tokens (form 3, the default): per token S <- diag(decay) S;
+// u = beta (v - S^T kn); S += kn u^T; o = S^T qn (KDA.md §2.6).
 // qn, kn [N][H][K]; decay [N][HV][K]; beta [N][HV]; v, o [N][HV][V]; state
 // slot s's [HV][K][V] at state + s * state_stride. K must be 32, 64 or 128 (else
 // cudaErrorInvalidValue).
