@@ -890,9 +890,8 @@ static void sampling_case(int32_t V, uint64_t seed, int rounds) {
 // RMSNorm's, the rest: kd_cuda_set_prefetch_blocks, kd_cuda_set_prefetch_mlp). Variant 13: gate|up
 // and SwiGLU in one launch (kd_cuda_set_swiglu) on the first, SwiGLU in its own kernel on the second.
 // Variant 14: the one-pass KDA verify at every batch size (kd_kda_split(3)) on both, its checkpoint
-// stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) and
-// all of its fold before its programmatic wait (kd_kda_onepass_early(2)) on the first, plain stores and
-// none of the fold before the wait on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
+// stores evict-first (kd_kda_store_hint, a process-wide switch set before each backend's forward) on
+// the first, plain on the second. Variant 15: the one-pass KDA verify at every batch size on both; on
 // the first the gated RMSNorm loads its gate before its programmatic wait (kd_cuda_set_gnorm_early),
 // on the second after it. Variant 16: as variant 0 (graphs on the first, off on the second) with bf16
 // activations, o_proj and the down projection in 2 K slices on both at every row count (kd_cuda_set_ksplit),
@@ -963,7 +962,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                             : variant == 10 ? "conv + prepare, v conv + f/g launch"
                                             : variant == 11 ? "f/g on a second stream"
                                             : variant == 13 ? "gate|up + SwiGLU launch"
-                                            : variant == 14 ? "one-pass verify, store hint, early fold"
+                                            : variant == 14 ? "one-pass verify, store hint"
                                             : variant == 15 ? "one-pass verify, early norm"
                                             : variant == 16 ? "graphs, K slices"
                                             : variant == 17 ? "warmed graphs"
@@ -983,8 +982,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                                "g_proj.1's launch / the whole conv there"
              : variant == 11 ? "bf16, f_proj.1 and g_proj.1 on a second stream in every forward / never"
              : variant == 13 ? "bf16, gate|up and SwiGLU in one launch / two"
-             : variant == 14 ? "bf16, the one-pass verify's checkpoint stores evict-first and its whole fold before "
-                               "its programmatic wait / plain stores, the fold after the wait"
+             : variant == 14 ? "bf16, the one-pass verify's checkpoint stores evict-first / plain"
              : variant == 15 ? "bf16, the gated RMSNorm's gate loaded before its programmatic wait / after"
                             : "bf16, weights prefetched into the L2 in every forward / never");
     if (!report(ok, "[%s %s] two backends (%s)%s%s", tag, s.name, vs, ok ? "" : ": ", ok ? "" : err.msg)) {
@@ -998,7 +996,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
     std::vector<int32_t> last(NS, 1), recorded(NS, 0);
     int64_t reads = 0, writes = 0, trip_fail = 0;
     auto hint = [&](int i) {
-        if (variant == 14) kd_kda_store_hint(i == 0), kd_kda_onepass_early(i == 0 ? 2 : 0);
+        if (variant == 14) kd_kda_store_hint(i == 0);
         if (variant == 1 && i == 1)
             for (int32_t slot = 0; slot < NS; slot++) {
                 trip_fail += kd_backend_checkpoint_read(be[1], slot, st.data(), sb, &err) != 0, reads++;
@@ -1006,8 +1004,8 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
                     trip_fail += kd_backend_state_write(be[1], slot, st.data(), sb, &err) != 0, writes++;
             }
     };
-    int hint0 = 1, early0 = 1; /* the process's settings, restored below */
-    if (variant == 14) hint0 = kd_kda_store_hint(1), early0 = kd_kda_onepass_early(1), kd_kda_split(3);
+    int hint0 = 1; /* the process's setting, restored below */
+    if (variant == 14) hint0 = kd_kda_store_hint(1), kd_kda_split(3);
     if (variant == 15) kd_kda_split(3);
     Rng r(seed + 5);
     // prompts into every slot (eager on both)
@@ -1099,7 +1097,7 @@ static void graph_case(const Spec &s, uint64_t seed, int steps, int variant = 0)
             rows_total++;
         }
     }
-    if (variant == 14) kd_kda_store_hint(hint0), kd_kda_onepass_early(early0), kd_kda_split(1);
+    if (variant == 14) kd_kda_store_hint(hint0), kd_kda_split(1);
     if (variant == 15) kd_kda_split(1);
     int64_t cap = 0, rep = 0, cap1 = 0, rep1 = 0;
     kd_cuda_graph_stats(be[0], &cap, &rep);

@@ -1378,109 +1378,17 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
-// The one-pass verify's prologue halves. Threads [0, 128): the fold weights wf and cpF from the
-// records (the keys and decays of the last window; earlier steps wrote them).
-template <int K>
-__device__ __forceinline__ void onepass_fold_weights(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int h,
-                                                     int F, int c, bool act, float *wf, float *cpF) {
-    constexpr int KP = K + 8;
-    const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * a.Tw) * (size_t)a.HV * 2 * K;
-    float kr[16], d[16];
-#pragma unroll
-    for (int t = 0; t < 16; t++) {
-        kr[t] = 0.f, d[t] = 1.f;
-        if (t < F && act) {
-            const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-            kr[t] = rk[c], d[t] = rk[K + c];
-        }
-    }
-    float p = 1.f;
-#pragma unroll
-    for (int t = 15; t >= 0; t--)
-        if (t < F) {
-            if (act) wf[t * KP + c] = kr[t] * p;
-            p *= d[t];
-        }
-    if (act) cpF[c] = p;
-}
-// Threads [128, 256): the window's decayed keys and queries (aw), the warps' sums for M and N
-// (red), the new key / decay records (the first column tile's block). Reads what the kernel
-// before wrote (kd_kda_prepare): after the programmatic wait.
-template <int K>
-__device__ __forceinline__ void onepass_window(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int h, int hk,
-                                               int T, int c, bool act, int lane, float *red, float *aw) {
-    constexpr int KP = K + 8;
-    float kw[8], qw[8], dw[8];
-    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * a.Tw) * (size_t)a.HV * 2 * K;
-#pragma unroll
-    for (int t = 0; t < 8; t++) {
-        kw[t] = qw[t] = dw[t] = 0.f;
-        if (t < T && act) {
-            const size_t n = (size_t)row.start + t;
-            kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
-            dw[t] = a.decay[(n * a.HV + h) * K + c];
-        }
-    }
-    if (blockIdx.x == 0 && act)
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-            if (t < T) {
-                float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-                r[c] = kw[t], r[K + c] = dw[t];
-            }
-    window_sums(kw, qw, dw, T, lane, red);
-    float b = 1.f;
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (t < T) {
-            b *= dw[t];
-            if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
-        }
-}
-// M, N from the window warps' sums (red of warps 4..7): 128 entries, one per thread of the
-// window half (c = tid - 128; M and N are contiguous).
-__device__ __forceinline__ void onepass_mn(const float *red, int NR, int T, int c, float *M) {
-    const int t = c % 64 / 8, r = c % 8;
-    float x = 0.f;
-    if (r <= t && t < T) {
-        const int i = 16 + c / 64 * 64 + t * 8 + r;
-        x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
-    }
-    M[c] = x;
-}
-// One half of a warp's state columns (key tiles [KT0, KT1)): from the tile into registers,
-// folded and stored (the folded checkpoint, written once).
-template <int K, int KT0, int KT1, bool CS>
-__device__ __forceinline__ void onepass_fold_half(float (&s)[K / 8][4], const float *st, int F, const float *cpF,
-                                                  const float *su, const float *wf, float *S, int V, int j0, int vl,
-                                                  int g, int q) {
-    constexpr int KT = K / 8, KP = K + 8, SP = 128 + 4, UP = 128 + 8;
-    tile_to_regs<KT, SP, KT0, KT1>(s, st, vl, q);
-    if (F > 0) {
-        if (F <= 2) cc_fold<KT, KT0, KT1>(s, cpF, su, UP, wf, KP, F, vl, q);
-        else tc_fold_smem<K, KT0, KT1>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (j0 + vl < V) tc_store<KT, KT0, CS>(s, S, V, j0 + vl, q);
-    }
-}
-
-/* EARLY (kd_kda_onepass_early): what of the fold runs before the programmatic wait, while the
- * kernel before (kd_kda_prepare) still runs. 0: nothing (the window's and the records' halves of
- * the prologue side by side after the wait); 1: the fold weights and the first half of the key
- * channels folded and stored; 2: the whole fold and the checkpoint's store. The fold reads only
- * what earlier steps and kernels wrote (the state, the records), and the kernel before neither
- * reads nor writes them (kd_kda_verify's contract). */
-template <int K, int NT, bool CS = false, int EARLY = 0>
+template <int K, int NT, bool CS = false>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
-    constexpr int KT = K / 8, KP = K + 8, CB = 128, UP = CB + 8, NTH = 256, NR = 144;
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
     const kd_kda_row row = a.rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
     const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
     const int j0 = blockIdx.x * CB;
     const size_t slot = (size_t)row.slot;
     float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
-    float *st = smem, *su = st + K * (CB + 4), *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16;
-    float *cpF = wf + FR * KP;
+    float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
     // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
     // corrections, v and beta, then its other half (folded and stored while that half lands)
@@ -1498,66 +1406,104 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     cp_async_commit();
     tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
     cp_async_commit();
+    pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
+    /* the kernel after may be scheduled once every block is here (the backend's gated RMSNorm: its blocks set
+     * up during the last blocks of this one, and load their gate early). Measured with and without on an
+     * H200 (with the norm's early gate, alternated rounds): 0.3-1.0 % faster 48B steps at B = 1-128
+     * (tests/bench/results/logs/gnorm_h200_85b7682.log) */
+    pdl_trigger();
+    /* beta, read by the solve (barriers later): loaded now, stored to shared memory after the prologue,
+     * so that its latency overlaps the records' loads instead of coming before them (the first warp's
+     * threads store it; a store right after the load kept that warp, and the block, one load longer) */
+    const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
+    // (1) the prologue, in two halves
     const int c = tid % 128;
     const bool act = c < K;
+    if (tid < 128) { /* the records (keys and decays): fold weights */
+        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
+        float kr[16], d[16];
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            kr[t] = 0.f, d[t] = 1.f;
+            if (t < F && act) {
+                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+                kr[t] = rk[c], d[t] = rk[K + c];
+            }
+        }
+        float p = 1.f;
+#pragma unroll
+        for (int t = 15; t >= 0; t--)
+            if (t < F) {
+                if (act) wf[t * KP + c] = kr[t] * p;
+                p *= d[t];
+            }
+        if (act) cpF[c] = p;
+    } else { /* the window: decayed keys and queries, M and N; the new records */
+        float kw[8], qw[8], dw[8];
+        float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            kw[t] = qw[t] = dw[t] = 0.f;
+            if (t < T && act) {
+                const size_t n = (size_t)row.start + t;
+                kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+                dw[t] = a.decay[(n * a.HV + h) * K + c];
+            }
+        }
+        if (blockIdx.x == 0 && act)
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+                if (t < T) {
+                    float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+                    r[c] = kw[t], r[K + c] = dw[t];
+                }
+        window_sums(kw, qw, dw, T, lane, red + warp * NR + 16);
+        float b = 1.f;
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < T) {
+                b *= dw[t];
+                if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
+            }
+    }
     /* small folds and windows on the CUDA cores (cc_fold, cc_window) read only the rows they use;
      * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
     const bool ccf = F <= 2, ccw = T <= 2;
-    const int vl = warp * 16 + 2 * g;
-    float s[KT][4];
-    if constexpr (EARLY == 0) {
-        pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
-        /* the kernel after may be scheduled once every block is here (the backend's gated RMSNorm: its blocks
-         * set up during the last blocks of this one, and load their gate early). Measured with and without on
-         * an H200 (with the norm's early gate, alternated rounds): 0.3-1.0 % faster 48B steps at B = 1-128
-         * (tests/bench/results/logs/gnorm_h200_85b7682.log) */
-        pdl_trigger();
-        /* beta, read by the solve (barriers later): loaded now, stored to shared memory after the prologue,
-         * so that its latency overlaps the records' loads instead of coming before them (the first warp's
-         * threads store it; a store right after the load kept that warp, and the block, one load longer) */
-        const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
-        // (1) the prologue, in two halves
-        if (tid < 128) onepass_fold_weights<K>(a, row, slot, h, F, c, act, wf, cpF);
-        else onepass_window<K>(a, row, slot, h, hk, T, c, act, lane, red + warp * NR + 16, aw);
-        if (!ccf)
-            for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
-        if (!ccw)
-            for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
-        if (tid < T) sb[tid] = bload;
-        cp_async_wait1();
-        __syncthreads();
-        if (tid >= 128) onepass_mn(red, NR, T, c, M); /* read by the solve, after two more barriers */
-        // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
-        // channels while the second lands), window product
-        onepass_fold_half<K, 0, KT / 2, CS>(s, st, F, cpF, su, wf, S, V, j0, vl, g, q);
-        cp_async_wait();
-        __syncthreads();
-        onepass_fold_half<K, KT / 2, KT, CS>(s, st, F, cpF, su, wf, S, V, j0, vl, g, q);
-    } else {
-        // (1) the fold weights, then the fold (half or all of it), before the wait
-        if (tid < 128) onepass_fold_weights<K>(a, row, slot, h, F, c, act, wf, cpF);
-        if (!ccf)
-            for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
-        cp_async_wait1();
-        __syncthreads();
-        onepass_fold_half<K, 0, KT / 2, CS>(s, st, F, cpF, su, wf, S, V, j0, vl, g, q);
-        if constexpr (EARLY == 2) {
-            cp_async_wait();
-            __syncthreads();
-            onepass_fold_half<K, KT / 2, KT, CS>(s, st, F, cpF, su, wf, S, V, j0, vl, g, q);
+    if (!ccf)
+        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
+    if (!ccw)
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    if (tid < T) sb[tid] = bload;
+    cp_async_wait1();
+    __syncthreads();
+    if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
+                       * (read by the solve, after two more barriers) */
+        const int t = c % 64 / 8, r = c % 8;
+        float x = 0.f;
+        if (r <= t && t < T) {
+            const int i = 16 + c / 64 * 64 + t * 8 + r;
+            x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
         }
-        pdl_wait();
-        pdl_trigger();
-        // (2) the window's half of the prologue
-        const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
-        if (tid >= 128) onepass_window<K>(a, row, slot, h, hk, T, c, act, lane, red + warp * NR + 16, aw);
-        if (!ccw)
-            for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
-        if (tid < T) sb[tid] = bload;
-        if constexpr (EARLY == 1) cp_async_wait();
-        __syncthreads();
-        if (tid >= 128) onepass_mn(red, NR, T, c, M); /* read by the solve, after one more barrier */
-        if constexpr (EARLY == 1) onepass_fold_half<K, KT / 2, KT, CS>(s, st, F, cpF, su, wf, S, V, j0, vl, g, q);
+        M[c] = x; /* M and N are contiguous */
+    }
+    // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
+    // channels while the second lands), window product
+    const int vl = warp * 16 + 2 * g;
+    const bool live = j0 + vl < V;
+    float s[KT][4];
+    tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
+    if (F > 0) {
+        if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
+    }
+    cp_async_wait();
+    __syncthreads();
+    tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
+    if (F > 0) {
+        if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
     }
     if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
     else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
@@ -1576,7 +1522,7 @@ int g_closed_form;
  * everything it cannot have written (see verify_kernel). Past its wait it lets the kernel after
  * it be scheduled (the backend's gated RMSNorm, whose prefetching blocks then run beside it:
  * cuda_backend.cu); that kernel waits for it before it reads anything. The contract: the kernel right
- * before kd_kda_verify in the stream reads or writes none of the state, the records or v (the
+ * before kd_kda_verify in the stream writes none of the state, the records or v (the
  * backend's is kd_kda_prepare or kd_cu_conv_prepare, which write qn, kn, qk, decay and beta,
  * and the latter the conv records of the q and k channels), and it lets the
  * verify be scheduled only once the kernels before it have finished (in plain stream order,
@@ -1713,17 +1659,11 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
  * 3.051 ms, s = 3 3.829 / 3.773; B = 128 s = 0 6.139 / 6.122, s = 3 10.721 / 10.653; B = 8 2.266 /
  * 2.253; tests/bench/results/logs/hint_h200_d9b32a0.log) */
 int g_store_cs = 1;
-int g_onepass_early = 1; /* kd_kda_onepass_early */
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    auto f = g_store_cs ? (g_onepass_early == 2   ? verify_onepass_kernel<K, NT, true, 2>
-                           : g_onepass_early == 1 ? verify_onepass_kernel<K, NT, true, 1>
-                                                  : verify_onepass_kernel<K, NT, true, 0>)
-                        : (g_onepass_early == 2   ? verify_onepass_kernel<K, NT, false, 2>
-                           : g_onepass_early == 1 ? verify_onepass_kernel<K, NT, false, 1>
-                                                  : verify_onepass_kernel<K, NT, false, 0>);
+    auto f = g_store_cs ? verify_onepass_kernel<K, NT, true> : verify_onepass_kernel<K, NT, false>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -1978,11 +1918,6 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
-extern "C" int kd_kda_onepass_early(int mode) {
-    const int was = g_onepass_early;
-    if (mode >= 0 && mode <= 2) g_onepass_early = mode;
-    return was;
-}
 extern "C" int kd_kda_store_hint(int on) {
     const int was = g_store_cs;
     g_store_cs = on != 0;

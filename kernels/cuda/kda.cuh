@@ -142,11 +142,6 @@ int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len, void *str
 // default: its state tile, the fold's corrections and v are in flight before it waits for that
 // kernel, under the contract of kd_kda_pdl below) or in plain stream order (0; benchmarks).
 void kd_kda_onepass_pdl(int on);
-// What of the one-pass verify's fold runs before its programmatic wait, while the kernel before
-// it runs: 0 nothing, 1 (the default) the fold weights and the first half of the key channels
-// folded and stored, 2 the whole fold and store (kda.cu). Tests and benchmarks; returns the
-// setting it replaces (a value outside 0..2 changes nothing).
-int kd_kda_onepass_early(int mode);
 // The one-pass verify writes the folded checkpoint with evict-first stores (1, st.global.cs: the
 // default, see kda.cu) or plain ones (0; benchmarks and tests). Returns the setting it replaces.
 int kd_kda_store_hint(int on);

@@ -245,7 +245,7 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 struct Res {
     int B, T;
     double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us, fused_us, split_us, onepass_us, copyk_us,
-        half_us, op_plain_us, pso_us, op_order_us, op_late_us, op_all_us;
+        half_us, op_plain_us, pso_us, op_order_us;
     double floor_us() const { return copy_us < copyk_us ? copy_us : copyk_us; }
 };
 
@@ -258,7 +258,6 @@ struct Timed {
     bool small_only; /* B <= 8 */
     ResField dst;
     const char *sweep;
-    int early = 1; /* kd_kda_onepass_early */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -277,8 +276,6 @@ static const Timed kTimed[] = {
     {Timed::VERIFY, 0, 0, 4, -1, 1, 1, 1, true, nullptr, "R = 4"},
     {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 0, false, &Res::op_plain_us, nullptr},      /* one-pass, plain stores */
     {Timed::VERIFY, 1, 0, 0, 3, 1, 0, 1, false, &Res::op_order_us, nullptr},      /* one-pass, plain stream order */
-    {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 1, false, &Res::op_late_us, nullptr, 0},    /* one-pass, fold after the wait */
-    {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 1, false, &Res::op_all_us, nullptr, 2},     /* one-pass, whole fold before */
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -361,16 +358,10 @@ int main(int argc, char **argv) {
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
         kd_kda_split(c.split == 1 ? g_split_default : c.split);
-        /* the one-pass verify: each amount of its fold before the programmatic wait (kd_kda_onepass_early) */
-        for (int e = c.split == 3 ? 0 : 1; e <= (c.split == 3 ? 2 : 1); e++) {
-            kd_kda_onepass_early(e);
-            if (c.split == 3) printf("path: %s, fold before the wait %d\n", c.name, e);
-            else printf("path: %s\n", c.name);
-            for (const Shape &s : shapes)
-                for (int m = 0; m < 2; m++)
-                    if (m == 0 || c.warps == 0) fails += check_shape(s, (kd_kda_mode)m, 8, s.B > 8 ? 4 : 12);
-        }
-        kd_kda_onepass_early(1);
+        printf("path: %s\n", c.name);
+        for (const Shape &s : shapes)
+            for (int m = 0; m < 2; m++)
+                if (m == 0 || c.warps == 0) fails += check_shape(s, (kd_kda_mode)m, 8, s.B > 8 ? 4 : 12);
         if (c.tc && c.warps == 0) { /* windows of up to 16 (longer ones take the CUDA-core path), folds of up to 16 */
             printf("path: %s, Tw = 16\n", c.name);
             for (const Shape &s : shapes)
@@ -460,7 +451,7 @@ int main(int argc, char **argv) {
             const int bf = getenv("KD_KDA_BENCH_FOLD") ? atoi(getenv("KD_KDA_BENCH_FOLD")) : 0;
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, nullptr};
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             for (const Timed &w : kTimed) {
                 if (w.small_only && B > 8) continue;
                 kd_kda_tensor_cores(w.tc, w.warps);
@@ -468,7 +459,6 @@ int main(int argc, char **argv) {
                 kd_kda_pdl(w.pdl);
                 kd_kda_onepass_pdl(w.onepass_pdl);
                 kd_kda_store_hint(w.hint);
-                kd_kda_onepass_early(w.early);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -501,19 +491,16 @@ int main(int argc, char **argv) {
             kd_kda_tensor_cores(1, 0);
             kd_kda_force_r(0);
             kd_kda_store_hint(1);
-            kd_kda_onepass_early(1);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
             printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
                    "one-pass with plain stores %8.2f us, %.2fx; in plain stream order %8.2f us, %.2fx; "
-                   "fold after the wait %8.2f us, whole fold before %8.2f us; "
                    "one kernel %8.2f us, %.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us "
                    "(CUDA cores %8.2f us)\n",
                    B, T, rr.floor_us(), rr.copy_us, rr.copyk_us, rr.def_us, rr.def_us / rr.floor_us(), rr.half_us, rr.split_us, rr.onepass_us, rr.onepass_us / rr.floor_us(),
                    rr.op_plain_us, rr.op_plain_us / rr.floor_us(), rr.op_order_us, rr.op_order_us / rr.floor_us(),
-                   rr.op_late_us, rr.op_all_us,
                    rr.fused_us, rr.fused_us / rr.floor_us(),
                    rr.def_prev_us, rr.def_prev_us / rr.floor_us(), rr.all_us, rr.all_us / rr.floor_us(), rr.commit_us,
                    rr.commit_prev_us);
@@ -542,20 +529,16 @@ int main(int argc, char **argv) {
                 "kernel, then the tensor-core verify as its dependent launch); one-pass: the one-pass verify (8 "
                 "warps, state staged in shared memory; its folded checkpoint stored evict-first, the default; the next "
                 "column with plain stores, kd_kda_store_hint(0), the next in plain stream order instead of a "
-                "programmatic dependent of the kernel before, kd_kda_onepass_pdl(0), the next two with "
-                "none of the fold before its programmatic wait, kd_kda_onepass_early(0), and with all of it, "
-                "kd_kda_onepass_early(2), where the default folds and stores the first half of the key channels "
-                "before it); one kernel: the one-kernel "
+                "programmatic dependent of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel "
                 "tensor-core verify; CUDA cores: the CUDA-core kernels; in plain stream order: the CUDA-core verify "
                 "(the default at B <= 2) not a programmatic dependent of the kernel before it (in this graph the layer "
                 "before's verify, whose blocks let the next layer's start once past their wait); all from the same "
                 "run.\n\n"
                 "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy "
                 "| CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) "
-                "| one-pass, plain stores (us) | one-pass, plain stream order (us) "
-                "| one-pass, fold after the wait (us) | one-pass, whole fold before the wait (us) | one kernel (us) "
+                "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                 prop.name, date, commit,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
@@ -566,19 +549,17 @@ int main(int argc, char **argv) {
         fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,"
                     "\"deferred_us\":%.3f,\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
                     "\"deferred_split_half_us\":%.3f,\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,"
-                    "\"one_pass_plain_order_us\":%.3f,\"one_pass_fold_after_wait_us\":%.3f,"
-                    "\"one_pass_fold_before_wait_us\":%.3f,\"deferred_one_kernel_us\":%.3f,"
-                    "\"deferred_cuda_cores_us\":%.3f,"
+                    "\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
                 i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us,
                 psoj, r.split_us, r.half_us,
-                r.onepass_us, r.op_plain_us, r.op_order_us, r.op_late_us, r.op_all_us, r.fused_us, r.def_prev_us,
-                r.all_us, r.commit_us, r.commit_prev_us);
+                r.onepass_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
+                r.commit_prev_us);
         fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-                    "| %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                    "| %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                 r.B, r.T, r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), pso, r.split_us,
                 r.half_us, r.onepass_us,
-                r.op_plain_us, r.op_order_us, r.op_late_us, r.op_all_us, r.fused_us, r.def_prev_us, r.all_us,
+                r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us,
                 r.all_us / r.floor_us(), r.commit_us, r.commit_prev_us);
     }
     fprintf(js, "]}\n");

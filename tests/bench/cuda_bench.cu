@@ -15,9 +15,6 @@
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_HINT=1 cuda_bench ...: only steps of 8-128 requests, the one-pass verify's checkpoint stores
 //   plain or evict-first (the default; kd_kda_store_hint), alternated over 5 rounds (printed only).
-//   KD_BENCH_EARLY=1 cuda_bench ...: only steps of 3-128 requests, the one-pass verify with none, the first
-//   half (the default) or all of its fold before its programmatic wait (kd_kda_onepass_early 0 / 1 / 2),
-//   alternated over 7 rounds (printed only).
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
@@ -200,34 +197,27 @@ static double time_steps(kd_backend *be, int Bn, int T, int64_t vocab, int warm,
     return (now() - tstart) / n * 1e3;
 }
 
-// Steps of B requests with windows of s + 1 at each point, nm <= 4 settings (names[m]) in
-// alternated rounds (set(be, m) drops the graphs captured with the other), `rounds` rounds of 20
-// steps each; prints each one's median and the ratio setting 0 (`base`) / it, then leaves setting `last`.
-static void mode_rounds(kd_backend *be, int64_t vocab, const char *tag, const int (*pts)[2], size_t n, int nm,
-                        const char *const *names, const char *base, int rounds, int last,
-                        void (*set)(kd_backend *, int)) {
+// Steps of B requests with windows of s + 1 at each point, a setting off (m = 0, `off`) and on
+// (m = 1, `on`) in alternated rounds (set(be, m) drops the graphs captured with the other), 5
+// rounds of 20 steps each; prints each one's median and the ratio off / it, then leaves it on.
+static void ab_rounds(kd_backend *be, int64_t vocab, const char *tag, const int (*pts)[2], size_t n,
+                      const char *off, const char *on, const char *off_short, void (*set)(kd_backend *, int)) {
     static std::vector<int32_t> rec(128, 0);
     for (size_t i = 0; i < n; i++) {
-        std::vector<double> t[4];
-        for (int r = 0; r < rounds; r++)
-            for (int m = 0; m < nm; m++) {
+        std::vector<double> t[2];
+        for (int r = 0; r < 5; r++)
+            for (int m = 0; m < 2; m++) {
                 set(be, m);
                 t[m].push_back(time_steps(be, pts[i][0], 1 + pts[i][1], vocab, 3, 20, rec, false));
             }
-        for (int m = 0; m < nm; m++) {
+        for (int m = 0; m < 2; m++) {
             std::sort(t[m].begin(), t[m].end());
-            printf("%s: B=%d s=%d (%d rows) %s step %.3f ms (median of %d rounds of 20; %s / this %.3f)\n", tag,
-                   pts[i][0], pts[i][1], pts[i][0] * (1 + pts[i][1]), names[m], t[m][rounds / 2], rounds, base,
-                   t[0][rounds / 2] / t[m][rounds / 2]);
+            printf("%s: B=%d s=%d (%d rows) %s step %.3f ms (median of 5 rounds of 20; %s / this %.3f)\n", tag,
+                   pts[i][0], pts[i][1], pts[i][0] * (1 + pts[i][1]), m ? on : off, t[m][2], off_short,
+                   t[0][2] / t[m][2]);
         }
     }
-    set(be, last);
-}
-// Two settings, off (m = 0) and on (m = 1), 5 rounds; leaves it on.
-static void ab_rounds(kd_backend *be, int64_t vocab, const char *tag, const int (*pts)[2], size_t n,
-                      const char *off, const char *on, const char *off_short, void (*set)(kd_backend *, int)) {
-    const char *names[2] = {off, on};
-    mode_rounds(be, vocab, tag, pts, n, 2, names, off_short, 5, 1, set);
+    set(be, 1);
 }
 
 int main(int argc, char **argv) {
@@ -401,22 +391,24 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
-    if (getenv("KD_BENCH_HINT") || getenv("KD_BENCH_EARLY")) { /* the one-pass verify's switches, alternated */
-        const int hpts[][2] = {{32, 0}, {32, 3}, {128, 0}, {128, 3}, {8, 0}};
-        const int epts[][2] = {{3, 0}, {8, 0}, {8, 3}, {32, 0}, {32, 3},
-                               {64, 0}, {64, 1}, {128, 0}, {128, 1}, {128, 3}};
-        const char *hn[2] = {"stores plain", "stores evict-first"};
-        const char *en[3] = {"fold before the wait: none", "half", "all"};
-        if (getenv("KD_BENCH_HINT")) /* the checkpoint's stores evict-first or plain */
-            mode_rounds(be, VOC, "hint", hpts, 5, 2, hn, "plain", 5, 1, [](kd_backend *x, int m) {
-                kd_kda_store_hint(m);
-                kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
-            });
-        else /* none, half or all of the fold before the programmatic wait */
-            mode_rounds(be, VOC, "early", epts, 10, 3, en, "none", 7, 1, [](kd_backend *x, int m) {
-                kd_kda_onepass_early(m);
-                kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT);
-            });
+    if (getenv("KD_BENCH_HINT")) { /* the one-pass verify's checkpoint stores evict-first or plain, alternated */
+        static std::vector<int32_t> rec(128, 0);
+        const int pts[][2] = {{32, 0}, {32, 3}, {128, 0}, {128, 3}, {8, 0}};
+        for (const auto &pt : pts) {
+            std::vector<double> t[2];
+            for (int r = 0; r < 5; r++)
+                for (int h = 0; h < 2; h++) {
+                    kd_kda_store_hint(h);
+                    kd_cuda_set_fuse(be, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
+                    t[h].push_back(time_steps(be, pt[0], 1 + pt[1], VOC, 3, 20, rec, false));
+                }
+            for (int h = 0; h < 2; h++) {
+                std::sort(t[h].begin(), t[h].end());
+                printf("hint: B=%d s=%d stores %s step %.3f ms (median of 5 rounds of 20; plain / this %.3f)\n", pt[0],
+                       pt[1], h ? "evict-first" : "plain", t[h][2], t[0][2] / t[h][2]);
+            }
+        }
+        kd_kda_store_hint(1);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
