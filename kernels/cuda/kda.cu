@@ -844,9 +844,9 @@ __device__ __forceinline__ void tc_window_smem(const float (&s)[K / 8][4], const
     tc_window<K, NT>(s, smem_bfrag<K>{aw, g, q}, P, vl, q);
 }
 
-// The triangular solve of one value column (col in the block's CB):
+// The triangular solve of one value column (col in the block's CB), for the prefill's chunks:
 // u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r; out(t, u_t, o_t)
-// for t < T.
+// for t < T. The verify kernels have their own copy (tc_solve_column, below).
 template <class Out>
 __device__ __forceinline__ void tc_solve(int T, int CB, int col, const float *sv, const float *sb, const float *P,
                                          const float *M, const float *N, Out out) {
@@ -865,15 +865,30 @@ __device__ __forceinline__ void tc_solve(int T, int CB, int col, const float *sv
         }
     }
 }
-// The solve of a verify window's column j of the head: writes o and the corrections.
+// The same solve for a verify window's column j of the head, writing o and the corrections.
+// Written out, not through tc_solve: with tc_solve and a storing lambda the verify kernels compiled
+// differently (the one-pass verify at T = 8 2-8.5 % slower from B = 64 on an H200, T <= 4 the same;
+// tests/bench/results/logs/builds_h200_930518c.log); in this form their PTX is as it was before
+// tc_solve (the one-pass, split and one-kernel tensor-core verify and the commit kernels alike).
 __device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t start, size_t slot, int h, int T,
                                                 int CB, int col, int j, const float *sv, const float *sb,
                                                 const float *P, const float *M, const float *N) {
-    tc_solve(T, CB, col, sv, sb, P, M, N, [&](int t, float u, float o) {
-        const size_t n = start + t;
-        a.o[(n * a.HV + h) * a.V + j] = o;
-        a.rec_u[((slot * a.Tw + t) * a.HV + h) * a.V + j] = u;
-    });
+    float U[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t < T) {
+            float x = sv[t * CB + col] - P[col * 17 + t];
+#pragma unroll
+            for (int r = 0; r < t; r++) x -= M[t * 8 + r] * U[r];
+            U[t] = sb[t] * x;
+            float o = P[col * 17 + T + t];
+#pragma unroll
+            for (int r = 0; r <= t; r++) o += N[t * 8 + r] * U[r];
+            const size_t n = start + t;
+            a.o[(n * a.HV + h) * a.V + j] = o;
+            a.rec_u[((slot * a.Tw + t) * a.HV + h) * a.V + j] = U[t];
+        }
+    }
 }
 
 // Shared memory of the tensor-core verify, in floats (see verify_tc_kernel).
