@@ -5,7 +5,8 @@
 //          snapshots, store-all; several shapes (grouped value heads, V not a multiple of
 //          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch.
 //   bench: HV = 32, K = V = 128, fp32 state, T in {1,2,4,8}, B in {1..512}; graphs of one
-//          launch per layer over enough layers that the states exceed the L2 cache.
+//          launch per layer over enough layers that the states exceed the L2 cache
+//          (KD_KDA_BENCH_LAYERS=n: at least n, 1..64, for launches with neighbours at every B).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -393,13 +394,23 @@ int main(int argc, char **argv) {
     std::vector<int> Bs = {1, 8, 32, 64, 128, 256, 512};
     const int Ts[] = {1, 2, 4, 8};
     if (prof_b) Bs = {prof_b}; /* KD_KDA_PROFILE: that size, in the list or not */
+    int min_layers = 1;
+    if (const char *ml = getenv("KD_KDA_BENCH_LAYERS")) {
+        char *end = nullptr;
+        const long v = strtol(ml, &end, 10);
+        if (end == ml || *end || v < 1 || v > 64) {
+            fprintf(stderr, "kda_check: KD_KDA_BENCH_LAYERS=%s: want a number of layers in 1..64\n", ml);
+            return 2;
+        }
+        min_layers = (int)v;
+    }
     std::vector<Res> res;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     for (int B : Bs) {
         // enough "layers" that their states exceed the L2 several times over
         const size_t bytes_layer = (size_t)B * per * 4;
-        const int L = std::max(1, std::min(64, (int)((256ull << 20) / bytes_layer)));
+        const int L = std::max(min_layers, std::min(64, (int)((256ull << 20) / bytes_layer)));
         std::vector<kd_kda_args> la(L);
         std::vector<float *> bufs;
         const int slots = B + 1;
@@ -522,7 +533,7 @@ int main(int argc, char **argv) {
     fprintf(md, "# KDA layer step on the GPU: deferred verify vs store-all vs the copy floor\n\n"
                 "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (kda_check)\n\n"
                 "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request, random); a CUDA graph "
-                "of L layers (L chosen so the states exceed L2), median of 20 replays, per layer. copy floor: the "
+                "of L layers (L chosen so the states exceed L2%s), median of 20 replays, per layer. copy floor: the "
                 "faster of two device-to-device copies of the same B states (read + write), same graph form: "
                 "cudaMemcpyAsync and a grid-stride kernel of 16-byte accesses. Window fold = %s. deferred: the "
                 "default dispatch (by size: CUDA cores, one-pass or split); split: the split verify (prologue "
@@ -539,7 +550,7 @@ int main(int argc, char **argv) {
                 "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-                prop.name, date, commit,
+                prop.name, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS" : "",
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
     for (size_t i = 0; i < res.size(); i++) {
