@@ -350,6 +350,17 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    /* KD_KDA_BENCH_LAYERS=n: the bench's graphs have at least n layers (1..64), else refused before any check */
+    int min_layers = 1;
+    if (const char *ml = getenv("KD_KDA_BENCH_LAYERS")) {
+        char *end = nullptr;
+        const long v = strtol(ml, &end, 10);
+        if (end == ml || *end || v < 1 || v > 64) {
+            fprintf(stderr, "kda_check: KD_KDA_BENCH_LAYERS=%s: want a number of layers in 1..64\n", ml);
+            return 2;
+        }
+        min_layers = (int)v;
+    }
     for (const Cfg &c : cfgs) {
         if (prof_b) break;
         if (only == 1 && c.split == 0) continue;
@@ -394,16 +405,6 @@ int main(int argc, char **argv) {
     std::vector<int> Bs = {1, 8, 32, 64, 128, 256, 512};
     const int Ts[] = {1, 2, 4, 8};
     if (prof_b) Bs = {prof_b}; /* KD_KDA_PROFILE: that size, in the list or not */
-    int min_layers = 1;
-    if (const char *ml = getenv("KD_KDA_BENCH_LAYERS")) {
-        char *end = nullptr;
-        const long v = strtol(ml, &end, 10);
-        if (end == ml || *end || v < 1 || v > 64) {
-            fprintf(stderr, "kda_check: KD_KDA_BENCH_LAYERS=%s: want a number of layers in 1..64\n", ml);
-            return 2;
-        }
-        min_layers = (int)v;
-    }
     std::vector<Res> res;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
@@ -529,11 +530,14 @@ int main(int argc, char **argv) {
     time_t tt = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
-    fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"kda_check\",\"state\":\"HV=32 K=V=128 fp32\",\"results\":[", prop.name, date, commit);
+    fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"kda_check\","
+                "\"state\":\"HV=32 K=V=128 fp32\",\"min_layers\":%d,\"results\":[",
+            prop.name, date, commit, min_layers);
     fprintf(md, "# KDA layer step on the GPU: deferred verify vs store-all vs the copy floor\n\n"
                 "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (kda_check)\n\n"
                 "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request, random); a CUDA graph "
-                "of L layers (L chosen so the states exceed L2%s), median of 20 replays, per layer. copy floor: the "
+                "of L layers (L chosen so the states exceed L2%s%.0d), median of 20 replays, per layer. copy floor: "
+                "the "
                 "faster of two device-to-device copies of the same B states (read + write), same graph form: "
                 "cudaMemcpyAsync and a grid-stride kernel of 16-byte accesses. Window fold = %s. deferred: the "
                 "default dispatch (by size: CUDA cores, one-pass or split); split: the split verify (prologue "
@@ -550,7 +554,8 @@ int main(int argc, char **argv) {
                 "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-                prop.name, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS" : "",
+                prop.name, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS = " : "",
+                min_layers > 1 ? min_layers : 0,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
     for (size_t i = 0; i < res.size(); i++) {
