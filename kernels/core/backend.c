@@ -238,7 +238,8 @@ int kd_backend_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, v
         return kd_fail(err, "commit: %d tokens, slot %d has %d recorded", n, slot, b->records[slot]);
     if (snap_at < 0 || snap_at > n || (snap_at > 0 && !snap_dst))
         return kd_fail(err, "commit: bad snapshot position %d of %d", snap_at, n);
-    if (n > 0 && b->ops->commit(b, slot, n, snap_at, snap_dst, err)) return -1;
+    /* with nothing of the window kept, a backend may still hold earlier tokens to fold (a lazy checkpoint) */
+    if ((n > 0 || b->records[slot] > 0) && b->ops->commit(b, slot, n, snap_at, snap_dst, err)) return -1;
     b->records[slot] = 0;
     return 0;
 }

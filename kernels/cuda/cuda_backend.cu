@@ -143,6 +143,8 @@ constexpr size_t kBlasWorkspace = KD_LT_WORKSPACE; // the workspace gemm_lt.cuh'
 constexpr int64_t kLogitChunk = 256;    // rows of the head GEMM per pass
 constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
+constexpr int kMaxRecords = 16;         // records a slot (kd_kda_args.Tw), the lazy checkpoint's bound
+constexpr int kLazyDefault = 2;         // kd_cuda_set_lazy's factor at creation
 constexpr int kSideRows = 0; // f_proj.1 / g_proj.1 on the second stream from these rows (0: never; above)
 // o_proj and the down projection in K slices (kd_cuda_set_ksplit): at most kKsplitRows rows (the partial sums'
 // buffer); by default kKsplitNb slices in forwards of kKsplitLo..kKsplitHi rows. Measured on an H200 (48B
@@ -222,6 +224,12 @@ struct cu_backend {
     int64_t sstride;                                   // slot stride of S and win (elements)
     int32_t R;        // history ring entries a slot and layer: W - 1 + the longest verify window
     int32_t *kg_read; // host [slots1]: which key/decay buffer holds the slot's last window
+    // The lazy checkpoint (kd_kda_row.keep): records for rcap tokens a slot (lazy x the longest
+    // window, at most kMaxRecords; rcap = the longest window: off); held[slot]: the tokens the
+    // slot's last verify folded without writing its checkpoint, at the start of kg_read's buffer
+    // and of the corrections, before its own window's records (the next fold takes them first)
+    int32_t lazy, rcap;
+    int32_t *held; // host [slots1]
     int32_t *conv_head; // host [slots1]: the ring index of the slot's committed position
     uint8_t *conv_sync; // host [slots1]: CONV_RING, CONV_WIN or CONV_BOTH (which of ring and win is current)
     // work space
@@ -365,9 +373,10 @@ void free_all(cu_backend *cb) {
     free(cb->layers);
     cb->layers = NULL;
     free(cb->kg_read);
+    free(cb->held);
     free(cb->conv_head);
     free(cb->conv_sync);
-    cb->kg_read = cb->conv_head = NULL;
+    cb->kg_read = cb->held = cb->conv_head = NULL;
     cb->conv_sync = NULL;
 }
 
@@ -561,16 +570,24 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     const int64_t lb = (ssm + conv + 31) / 32 * 32; // a layer's S + window, padded
     cb->R = (int32_t)(cb->Hw + Tw > 0 ? cb->Hw + Tw : 1);
     cb->lS = cb->lwin = lb, cb->sstride = L * lb, cb->lhist = S1 * cb->R * convrec;
-    cb->lrec_u = store_all ? 0 : S1 * Tw * HV * V;
-    cb->lrec_kg = store_all ? 0 : S1 * 2 * Tw * HV * 2 * K;
+    /* the lazy checkpoint in deferred mode only (eager commits fold every window at once) */
+    int64_t rc = mode == KD_COMMIT_DEFERRED ? Tw * cb->lazy : Tw;
+    if (rc > kMaxRecords) rc = kMaxRecords;
+    if (rc < Tw) rc = Tw;
+    cb->rcap = (int32_t)rc;
+    cb->lrec_u = store_all ? 0 : S1 * rc * HV * V;
+    cb->lrec_kg = store_all ? 0 : S1 * 2 * rc * HV * 2 * K;
     cb->lstored = store_all ? S1 * Tw * ssm : 0;
     free(cb->kg_read);
+    free(cb->held);
     free(cb->conv_head);
     free(cb->conv_sync);
     cb->kg_read = (int32_t *)calloc((size_t)S1, sizeof *cb->kg_read);
+    cb->held = (int32_t *)calloc((size_t)S1, sizeof *cb->held);
     cb->conv_head = (int32_t *)calloc((size_t)S1, sizeof *cb->conv_head);
     cb->conv_sync = (uint8_t *)malloc((size_t)S1);
-    if (!cb->kg_read || !cb->conv_head || !cb->conv_sync) return kd_fail(err, "cuda backend: out of host memory");
+    if (!cb->kg_read || !cb->held || !cb->conv_head || !cb->conv_sync)
+        return kd_fail(err, "cuda backend: out of host memory");
     memset(cb->conv_sync, CONV_BOTH, (size_t)S1); /* windows and rings start as zeros (dalloc) */
     const size_t as = cb->wsz; // activation element fed to GEMMs
     cb->lg_rows = N < kLogitChunk ? N : kLogitChunk;
@@ -600,7 +617,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err) ||
         dalloc_t(cb, &cb->kpart, cb->bf16 ? KD_KSPLIT_MAX * (N < kKsplitRows ? N : kKsplitRows) * cb->D : 1, 4,
                  "K slices' partial sums", err) ||
-        dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)Tw),
+        dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)rc),
                  4, "KDA verify work space", err) ||
         dalloc_t(cb, &cb->pf_work,
                  (int64_t)kd_kda_prefill_work_floats((int32_t)(N / 8 + max_rows), (int32_t)HV, (int32_t)K), 4,
@@ -633,7 +650,7 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
     b->n_slots = n_slots, b->max_rows = max_rows, b->max_tokens = max_tokens;
     b->max_window = max_window, b->mode = mode;
     b->slot_bytes =
-        (size_t)(b->layout.slot_elems + L * (cb->R * convrec + (store_all ? Tw * ssm : Tw * HV * (V + 4 * K)))) * 4;
+        (size_t)(b->layout.slot_elems + L * (cb->R * convrec + (store_all ? Tw * ssm : rc * HV * (V + 4 * K)))) * 4;
     return 0;
 }
 
@@ -690,6 +707,7 @@ int cu_state_write_part(kd_backend *b, int32_t slot, size_t offset, const void *
     CU(cudaSetDevice(cb->dev));
     if (conv_sync(cb, slot, false, err)) return -1; /* the windows this part leaves as they are */
     cb->conv_sync[slot] = CONV_WIN;
+    cb->held[slot] = 0; /* the slot's state is what lands (the caller has dropped its records) */
     if (state_pieces(cb, slot, offset, len, [&](char *dev, size_t at, size_t n) {
             CU(cudaMemcpyAsync(dev, (const char *)src + at, n, cudaMemcpyDefault, cb->stream)); // host or device src
             return 0;
@@ -709,6 +727,7 @@ int cu_state_copy(kd_backend *b, int32_t dst, int32_t src, kd_err *err) {
     const size_t ss = (size_t)cb->sstride; // a slot's whole state is one block
     if (conv_sync(cb, src, false, err)) return -1;
     cb->conv_sync[dst] = CONV_WIN;
+    cb->held[dst] = 0;
     CU(cudaMemcpyAsync(cb->S + (size_t)dst * ss, cb->S + (size_t)src * ss, ss * 4, cudaMemcpyDeviceToDevice,
                        cb->stream));
     CU(cudaStreamSynchronize(cb->stream));
@@ -719,6 +738,7 @@ int cu_reset_slot(kd_backend *b, int32_t slot, kd_err *err) {
     cu_backend *cb = SELF(b);
     CU(cudaSetDevice(cb->dev));
     cb->conv_sync[slot] = CONV_WIN;
+    cb->held[slot] = 0;
     CU(cudaMemsetAsync(cb->S + (size_t)slot * cb->sstride, 0, (size_t)cb->sstride * 4, cb->stream));
     CU(cudaStreamSynchronize(cb->stream));
     return 0;
@@ -939,7 +959,7 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
     kd_kda_args a;
     memset(&a, 0, sizeof a);
     a.H = (int32_t)cb->H, a.HV = (int32_t)cb->HV, a.K = (int32_t)cb->K, a.V = (int32_t)cb->V;
-    a.Tw = cb->base.max_window;
+    a.Tw = cb->rcap; // the records' stride and the longest fold (kda.cuh)
     a.state = cb->S + (size_t)l * cb->lS;
     a.slot_stride = cb->sstride;
     a.rec_u = cb->lrec_u ? cb->rec_u + (size_t)l * cb->lrec_u : NULL;
@@ -953,6 +973,13 @@ kd_kda_args layer_args(cu_backend *cb, int32_t l) {
 
 kd_kda_mode kda_mode(const cu_backend *cb) {
     return cb->base.mode == KD_COMMIT_STORE_ALL ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED;
+}
+
+// The lazy checkpoint: whether a verify row of a slot that folds F tokens (the held ones and its
+// batch row's fold) and runs a window of len keeps its folded state instead of writing it back:
+// when its window's records fit after the folded ones (the next verify folds at most F + len).
+int lazy_keep(const cu_backend *cb, int32_t slot, int32_t F, int32_t len) {
+    return cb->rcap > cb->base.max_window && slot != cb->base.n_slots && F > 0 && F + len <= cb->rcap;
 }
 
 // Fills the pinned metadata block for a batch and returns its launch shape. With sampling
@@ -998,7 +1025,9 @@ fwd_shape encode(cu_backend *cb, const kd_batch *batch, const kd_sample_params *
         if (verify) {
             kd_kda_row *vr = &vrows[sh.nv++];
             memset(vr, 0, sizeof *vr);
-            vr->slot = row.slot, vr->start = (int32_t)t0, vr->len = row.n_tokens, vr->fold = row.fold;
+            vr->slot = row.slot, vr->start = (int32_t)t0, vr->len = row.n_tokens;
+            vr->fold = cb->held[row.slot] + row.fold;
+            vr->keep = lazy_keep(cb, row.slot, vr->fold, row.n_tokens);
             vr->kg_read = cb->kg_read[row.slot];
             if (row.n_tokens > sh.max_len) sh.max_len = row.n_tokens;
         } else {
@@ -1309,7 +1338,8 @@ int before_forward(cu_backend *cb, const kd_batch *batch, int pad_rows, kd_err *
 
 // After the stream ran a forward of these rows: each slot's ring position advanced past what
 // the forward committed (a verify row's fold, a prefill row's tokens), and a verify wrote its
-// key/decay records into the slot's other buffer.
+// key/decay records into the slot's other buffer, or, keeping its folded state (lazy_keep, as
+// encode decided), after the records it folded, which the slot now holds.
 void after_forward(cu_backend *cb, const kd_batch *batch, int pad_rows) {
     for (int32_t r = 0; r < batch->n_rows; r++) {
         const kd_batch_row &row = batch->rows[r];
@@ -1318,8 +1348,17 @@ void after_forward(cu_backend *cb, const kd_batch *batch, int pad_rows) {
         cb->conv_sync[row.slot] = CONV_RING;
     }
     if (kda_mode(cb) != KD_KDA_DEFERRED) return;
-    for (int32_t r = 0; r < batch->n_rows; r++)
-        if (batch->rows[r].kind == KD_ROW_VERIFY) cb->kg_read[batch->rows[r].slot] ^= 1;
+    for (int32_t r = 0; r < batch->n_rows; r++) {
+        const kd_batch_row &row = batch->rows[r];
+        if (row.kind != KD_ROW_VERIFY) continue;
+        const int32_t F = cb->held[row.slot] + row.fold;
+        if (lazy_keep(cb, row.slot, F, row.n_tokens)) {
+            cb->held[row.slot] = F;
+        } else {
+            cb->held[row.slot] = 0;
+            cb->kg_read[row.slot] ^= 1;
+        }
+    }
     for (int32_t r = batch->n_rows; r < pad_rows; r++) cb->kg_read[cb->base.n_slots] ^= 1;
 }
 
@@ -1487,16 +1526,19 @@ int cu_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *sna
     if (conv_sync(cb, slot, true, err)) return -1;
     unsigned char *hm = (unsigned char *)cb->pinned_meta;
     kd_kda_row *crows = (kd_kda_row *)(hm + ml->crows);
+    /* the recurrence folds the tokens the slot holds (lazy checkpoint) before the window's; the conv
+     * ring (below) knows only the window */
+    const int32_t held = kda_mode(cb) == KD_KDA_DEFERRED ? cb->held[slot] : 0;
     for (int32_t l = 0; l < c->n_layers; l++) {
         memset(&crows[l], 0, sizeof crows[l]);
-        crows[l].slot = slot, crows[l].len = n, crows[l].snap_at = snap_at;
+        crows[l].slot = slot, crows[l].len = held + n, crows[l].snap_at = snap_at > 0 ? held + snap_at : 0;
         crows[l].kg_read = cb->kg_read[slot];
         crows[l].snap = snap_at > 0 ? cb->snap + (size_t)l * layer : NULL;
     }
     CU(cudaMemcpyAsync(cb->meta_dev + ml->crows, hm + ml->crows, ml->total - ml->crows, cudaMemcpyHostToDevice, s));
     const kd_kda_row *d_crows = (const kd_kda_row *)(cb->meta_dev + ml->crows);
     const kd_kda_mode kmode = kda_mode(cb);
-    for (int32_t l = 0; l < c->n_layers; l++) {
+    for (int32_t l = 0; l < c->n_layers && held + n > 0; l++) {
         kd_kda_args a = layer_args(cb, l);
         a.n_rows = 1, a.rows = d_crows + l;
         KDA(kd_kda_commit(&a, kmode, s));
@@ -1511,6 +1553,7 @@ int cu_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *sna
     CU(cudaGetLastError());
     cb->conv_head[slot] = (int32_t)((cb->conv_head[slot] + (int64_t)n) % cb->R);
     cb->conv_sync[slot] = CONV_RING;
+    cb->held[slot] = 0;
     return 0;
 }
 
@@ -1556,6 +1599,17 @@ extern "C" kd_backend *kd_cuda_backend_create(int act_bf16, kd_err *err) {
     cb->dev = 0;
     const char *graphs_env = getenv("KDECODE_CUDA_GRAPHS");
     cb->graphs = !(graphs_env && !strcmp(graphs_env, "0"));
+    cb->lazy = kLazyDefault;
+    if (const char *lazy_env = getenv("KDECODE_CUDA_LAZY")) {
+        char *end = NULL;
+        const long f = strtol(lazy_env, &end, 10);
+        if (end == lazy_env || *end || f < 1 || f > kMaxRecords) {
+            kd_fail(err, "cuda backend: KDECODE_CUDA_LAZY=%s: not a factor in 1..%d", lazy_env, kMaxRecords);
+            free(cb);
+            return NULL;
+        }
+        cb->lazy = (int32_t)f;
+    }
     cb->skinny = 1;
     cb->pair = 1;
     cb->swiglu = 1;
@@ -1646,6 +1700,20 @@ extern "C" int kd_cuda_set_graphs(kd_backend *b, int on) {
     if (!cb) return -1;
     cb->graphs = on ? 1 : 0;
     return 0;
+}
+
+extern "C" int kd_cuda_set_lazy(kd_backend *b, int factor) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb || b->n_slots > 0 || factor < 1 || factor > kMaxRecords) return -1;
+    const int old = cb->lazy;
+    cb->lazy = factor;
+    return old;
+}
+
+extern "C" int32_t kd_cuda_held(kd_backend *b, int32_t slot) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb || !cb->held || slot < 0 || slot >= cb->slots1) return -1;
+    return cb->held[slot];
 }
 
 // A setting that changes what the captured graphs hold: the backend with its graphs dropped

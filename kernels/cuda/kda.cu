@@ -15,6 +15,15 @@ __device__ __forceinline__ size_t kda_sstride(const kd_kda_args &a) {
     return a.slot_stride ? (size_t)a.slot_stride : (size_t)a.HV * a.K * a.V;
 }
 
+// Where a verify writes its window's records (kda.cuh, kd_kda_row.keep): from the start of the
+// slot's other key/decay buffer, or, for a row that keeps its folded state, right after the
+// records it folded, in the same buffer (the fold reads records [0, fold), the window writes
+// [fold, fold + len): no block of the launch reads what another writes).
+__device__ __forceinline__ int rec_off(const kd_kda_row &row) { return row.keep ? row.fold : 0; }
+__device__ __forceinline__ float *kg_new_base(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int K) {
+    return a.rec_kg + ((slot * 2 + (row.kg_read ^ (row.keep ? 0 : 1))) * a.Tw + rec_off(row)) * (size_t)a.HV * 2 * K;
+}
+
 constexpr int kThreads = 128;
 
 // Asynchronous copies global -> shared (launch.cuh's cp_async*: all of a block's staging in
@@ -119,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
     float st[KR][NC];
     load_tile<KR, NC>(st, src, r0, j, V, live);
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+    float *kg_new = kg_new_base(a, row, slot, K);
     const bool fold = !STORE_ALL && F > 0;
     // Staging by asynchronous copies: every load in flight at once with the state's, no
     // registers held, little address arithmetic (16 bytes a copy when the arrays allow it; at
@@ -185,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
             for (int n = 0; n < NC; n++) u[n] = su[t * CB + jl + n];
             fold_tile<KR, NC>(st, fd + t * KP + c0, fk + t * KP + c0, u);
         }
-        if (live) store_tile<KR, NC>(st, S, r0, j, V); // the folded checkpoint, written once
+        if (live && !row.keep) store_tile<KR, NC>(st, S, r0, j, V); // the folded checkpoint, written once
     }
     cp_async_wait(); // group B
     __syncthreads();
@@ -254,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const kd_kda_args a) {
 #pragma unroll
                 for (int m = 0; m < NC; m++) {
                     a.o[(n * a.HV + h) * V + j + m] = qs[0][m];
-                    a.rec_u[((slot * Tw + t) * a.HV + h) * V + j + m] = pu[m];
+                    a.rec_u[((slot * Tw + rec_off(row) + t) * a.HV + h) * V + j + m] = pu[m];
                 }
             }
         }
@@ -372,7 +381,7 @@ __global__ void __launch_bounds__(kThreads) verify_wy_kernel(const kd_kda_args a
     }
     if (threadIdx.x < T) sb[threadIdx.x] = a.beta[((size_t)row.start + threadIdx.x) * a.HV + h];
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+    float *kg_new = kg_new_base(a, row, slot, K);
     if (F > 0) {
         for (int i = threadIdx.x; i < F * CB; i += kThreads) {
             const int t = i / CB, jj = blockIdx.x * CB + i % CB;
@@ -448,7 +457,7 @@ __global__ void __launch_bounds__(kThreads) verify_wy_kernel(const kd_kda_args a
                     for (int m = 0; m < NC; m++) st[4 * i4 + e][m] += wv[e] * u[m];
             }
         }
-        if (live) store_tile<KR, NC>(st, S, r0, j, V);
+        if (live && !row.keep) store_tile<KR, NC>(st, S, r0, j, V);
     }
     // the window: 2T independent dot products per column
     for (int t = 0; t < T; t++) {
@@ -491,7 +500,7 @@ __global__ void __launch_bounds__(kThreads) verify_wy_kernel(const kd_kda_args a
                 for (int r = 0; r <= t; r++) o += N[t * 16 + r] * U[r * CB + col];
                 if (live) {
                     a.o[(n * a.HV + h) * V + j + m] = o;
-                    a.rec_u[((slot * Tw + t) * a.HV + h) * V + j + m] = u;
+                    a.rec_u[((slot * Tw + rec_off(row) + t) * a.HV + h) * V + j + m] = u;
                 }
             }
         }
@@ -870,7 +879,7 @@ __device__ __forceinline__ void tc_solve(int T, int CB, int col, const float *sv
 // differently (the one-pass verify at T = 8 2-8.5 % slower from B = 64 on an H200, T <= 4 the same;
 // tests/bench/results/logs/builds_h200_930518c.log); in this form their PTX is as it was before
 // tc_solve (the one-pass, split and one-kernel tensor-core verify and the commit kernels alike).
-__device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t start, size_t slot, int h, int T,
+__device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t start, size_t rrow, int h, int T,
                                                 int CB, int col, int j, const float *sv, const float *sb,
                                                 const float *P, const float *M, const float *N) {
     float U[8];
@@ -886,7 +895,7 @@ __device__ __forceinline__ void tc_solve_column(const kd_kda_args &a, size_t sta
             for (int r = 0; r <= t; r++) o += N[t * 8 + r] * U[r];
             const size_t n = start + t;
             a.o[(n * a.HV + h) * a.V + j] = o;
-            a.rec_u[((slot * a.Tw + t) * a.HV + h) * a.V + j] = U[t];
+            a.rec_u[((rrow + t) * a.HV + h) * a.V + j] = U[t];
         }
     }
 }
@@ -926,7 +935,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     tc_load_u(u, a, slot, h, F, va, q, live);
     // (1) every staging copy in flight at once
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+    float *kg_new = kg_new_base(a, row, slot, K);
     tc_fetch_records<K>(a, kg_old, h, F, fk, fd);
     for (int t = 0; t < T; t++) {
         const size_t n = (size_t)row.start + t;
@@ -993,7 +1002,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     // (3) the fold and the checkpoint, written once
     if (F > 0) {
         tc_fold<K>(s, cpF, u, (F + 7) / 8, wfh, wfl, g, q, KP);
-        if (live) tc_store<KT>(s, S, V, va, q);
+        if (live && !row.keep) tc_store<KT>(s, S, V, va, q);
     }
     // the window: P^T = S_F^T A^T, B pre-split in shared memory
     tc_window<K, NT>(
@@ -1018,7 +1027,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_tc_kernel(const kd_kda_a
     }
     // (4) per value column: u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r), o_t = P_{T+t} + sum_{r<=t} N_tr u_r
     if (tid < CB && blockIdx.x * CB + tid < V)
-        tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, blockIdx.x * CB + tid, sv, sb, P, M, N);
+        tc_solve_column(a, (size_t)row.start, slot * a.Tw + rec_off(row), h, T, CB, tid, blockIdx.x * CB + tid, sv, sb,
+                        P, M, N);
 #pragma unroll
     for (int it = 0; it < PER; it++) {
         const int i = ri + it * rs, t = i / K, c = i % K;
@@ -1145,7 +1155,7 @@ __global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_a
     const int c = threadIdx.x, lane = c % 32, warp = c / 32;
     const size_t slot = (size_t)row.slot;
     const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * a.Tw) * (size_t)a.HV * 2 * K;
-    float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * a.Tw) * (size_t)a.HV * 2 * K;
+    float *kg_new = kg_new_base(a, row, slot, K);
     float *w = a.work + ((size_t)blockIdx.y * a.HV + h) * tc_work_floats(K, FR);
     // every load first: the records into shared memory (no registers held), the window's
     // keys, queries and decays into registers
@@ -1295,27 +1305,28 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
         const smem_bfrag<K> bf{aw, g, q};
         if (F > 0) {
             tc_fold_smem<K, 0, KT / 2>(s, cpF, su, CB + 8, wf, F, vl, g, q);
-            if (live) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, va, q);
+            if (live && !row.keep) tc_store<KT / 2>(*(float(*)[KT / 2][4])s, S, V, va, q);
         }
         tc_window_acc<K, NT, 0, KT / 2>(s, bf, acc);
         tile_to_regs<KT, CB + 4, KT / 2, KT>(s, st, vl, q);
         if (F > 0) {
             tc_fold_smem<K, KT / 2, KT>(s, cpF, su, CB + 8, wf, F, vl, g, q);
-            if (live) tc_store<KT, KT / 2>(s, S, V, va, q);
+            if (live && !row.keep) tc_store<KT, KT / 2>(s, S, V, va, q);
         }
         tc_window_acc<K, NT, KT / 2, KT>(s, bf, acc);
         tc_window_put<NT>(acc, P, vl, q);
     } else {
         if (F > 0) {
             tc_fold_smem<K>(s, cpF, su, CB + 8, wf, F, vl, g, q);
-            if (live) tc_store<KT>(s, S, V, va, q);
+            if (live && !row.keep) tc_store<KT>(s, S, V, va, q);
         }
         tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     }
     __syncthreads();
     for (int col = tid; col < CB; col += NTH)
         if (blockIdx.x * CB + col < V)
-            tc_solve_column(a, (size_t)row.start, slot, h, T, CB, col, blockIdx.x * CB + col, sv, sb, P, M, N);
+            tc_solve_column(a, (size_t)row.start, slot * a.Tw + rec_off(row), h, T, CB, col, blockIdx.x * CB + col, sv,
+                            sb, P, M, N);
 }
 
 // ------------------------------------------------------------ one-pass verify
@@ -1455,7 +1466,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         if (act) cpF[c] = p;
     } else { /* the window: decayed keys and queries, M and N; the new records */
         float kw[8], qw[8], dw[8];
-        float *kg_new = a.rec_kg + ((slot * 2 + (row.kg_read ^ 1)) * Tw) * (size_t)a.HV * 2 * K;
+        float *kg_new = kg_new_base(a, row, slot, K);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             kw[t] = qw[t] = dw[t] = 0.f;
@@ -1510,7 +1521,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (F > 0) {
         if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
+        if (live && !row.keep) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
     cp_async_wait();
     __syncthreads();
@@ -1518,13 +1529,14 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (F > 0) {
         if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
+        if (live && !row.keep) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
     }
     if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
     else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
     // (3) per value column: the triangular solve
-    if (tid < CB && j0 + tid < V) tc_solve_column(a, (size_t)row.start, slot, h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
+    if (tid < CB && j0 + tid < V)
+        tc_solve_column(a, (size_t)row.start, slot * Tw + rec_off(row), h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
 }
 
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200

@@ -94,6 +94,10 @@ typedef struct kd_kda_row {
     int32_t kg_read;  // which of the slot's two key/decay record buffers holds the last window
                       // (the fold reads it; a verify writes the other: blocks of one head
                       // read the old records while another block writes the new ones)
+    int32_t keep;     // verify, lazy checkpoint: 1: the folded state is not written back (the
+                      // checkpoint stays as it was) and the window's records go right after the
+                      // fold's `fold` records, in the same buffers (kg_read's), so that the next
+                      // verify folds them all from the old checkpoint; 0: the usual deferred verify
     float *snap;      // commit: where ([HV][K][V] fp32)
 } kd_kda_row;
 

@@ -95,8 +95,12 @@ static void ref_step(const Shape &s, const std::vector<double> &A_log, const std
 
 // -------------------------------------------------------------------------- check
 
-static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
+// lazy > 1: the lazy checkpoint as the backend runs it (kd_kda_row.keep): records for RC = min(16, lazy x Tw)
+// tokens a slot; a verify whose fold and window fit in them keeps its folded state, and the tokens it
+// folded stay in the records (held), folded again by the next verify or commit from the old checkpoint.
+static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps, int lazy = 1) {
     const int H = s.H, HV = s.HV, K = s.K, V = s.V, B = s.B, slots = B + 1;
+    const int RC = std::max(Tw, std::min(16, Tw * lazy)); /* records a slot */
     const size_t hkv = (size_t)K * V, per = HV * hkv;
     // odd batches: slots apart by more than a state (the backend keeps a slot's layers
     // together); the gaps are poisoned and must stay untouched
@@ -113,17 +117,17 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     for (int r = 0; r < B; r++)
         for (size_t i = 0; i < per; i++) ref[r][i] = st0[r * ss + i];
     kd_kda_args a = {};
-    a.H = H, a.HV = HV, a.K = K, a.V = V, a.Tw = Tw;
+    a.H = H, a.HV = HV, a.K = K, a.V = V, a.Tw = RC;
     a.state = dalloc<float>(slots * ss);
     a.slot_stride = ss == per ? 0 : (int64_t)ss;
     up(a.state, st0);
-    a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
-    a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
+    a.rec_u = dalloc<float>((size_t)slots * RC * HV * V);
+    a.rec_kg = dalloc<float>((size_t)slots * 2 * RC * HV * 2 * K);
     if (mode == KD_KDA_STORE_ALL) {
-        a.stored = dalloc<float>((size_t)slots * Tw * per);
+        a.stored = dalloc<float>((size_t)slots * RC * per);
     } else {
-        a.work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw));
-        CK(cudaMemset(a.work, 0xff, kd_kda_work_floats(B, HV, K, Tw) * 4)); // NaN: read only what is written
+        a.work = dalloc<float>(kd_kda_work_floats(B, HV, K, RC));
+        CK(cudaMemset(a.work, 0xff, kd_kda_work_floats(B, HV, K, RC) * 4)); // NaN: read only what is written
     }
     float *dA = dalloc<float>(HV), *ddt = dalloc<float>(HV * K);
     up(dA, A_f), up(ddt, dt_f);
@@ -135,8 +139,9 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
     float *beta = dalloc<float>(maxN * HV), *o = dalloc<float>(maxN * HV * V), *snap = dalloc<float>(B * per);
     kd_kda_row *drows = dalloc<kd_kda_row>(B);
     a.qn = qn, a.kn = kn, a.qk = qk, a.decay = dec, a.beta = beta, a.v = v, a.o = o, a.rows = drows;
-    std::vector<std::vector<Tok>> last(B);
+    std::vector<std::vector<Tok>> last(B), held(B); /* held: tokens folded by a verify that kept its state */
     std::vector<int> pending(B, 0), parity(B, 0);
+    int kept = 0;
     double worst_o = 0, worst_s = 0;
     size_t gap_touched = 0;
     int bad = 0;
@@ -152,7 +157,9 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
         for (int i = 0; i < B; i++) {
             const int r = order[i], T = 1 + (int)(urand() * Tw);
             maxT = std::max(maxT, T);
-            rows[i] = {r, N, T, pending[r], 0, parity[r], nullptr};
+            const int F = (int)held[r].size() + pending[r], keep = lazy > 1 && F > 0 && F + T <= RC;
+            rows[i] = {r, N, T, F, 0, parity[r], keep, nullptr};
+            kept += keep;
             for (int t = 0; t < T; t++) {
                 Tok tk;
                 tk.q.resize(H * K), tk.k.resize(H * K), tk.v.resize(HV * V), tk.g.resize(HV * K), tk.b.resize(HV);
@@ -188,8 +195,15 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
         std::vector<float> og = down(o, (size_t)N * HV * V);
         for (int i = 0; i < B; i++) {
             const int r = rows[i].slot;
-            for (int t = 0; t < pending[r]; t++) ref_step(s, A_log, dt, ref[r], last[r][t], nullptr); // the fold
             std::vector<double> S = ref[r], oref((size_t)HV * V), all;
+            for (const Tok &tk : held[r]) ref_step(s, A_log, dt, S, tk, nullptr); // the fold: held tokens first
+            for (int t = 0; t < pending[r]; t++) ref_step(s, A_log, dt, S, last[r][t], nullptr);
+            if (rows[i].keep) { /* the checkpoint stays; the folded tokens are held */
+                held[r].insert(held[r].end(), last[r].begin(), last[r].begin() + pending[r]);
+            } else {
+                ref[r] = S;
+                held[r].clear();
+            }
             for (int t = 0; t < rows[i].len; t++) {
                 ref_step(s, A_log, dt, S, win[r][t], &oref);
                 all.insert(all.end(), oref.begin(), oref.end());
@@ -199,12 +213,16 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
             worst_o = std::max(worst_o, relerr(got, all));
             last[r] = win[r];
             pending[r] = 1 + (int)(urand() * rows[i].len);
-            if (mode == KD_KDA_DEFERRED) parity[r] ^= 1;
+            if (mode == KD_KDA_DEFERRED && !rows[i].keep) parity[r] ^= 1;
         }
         // now and then: commit some rows eagerly, with a snapshot part way
         if (step % 3 == 2) {
             std::vector<kd_kda_row> cr;
-            for (int r = 0; r < B; r += 2) cr.push_back({r, 0, pending[r], 0, 1 + (int)(urand() * pending[r]), parity[r], snap + (size_t)cr.size() * per});
+            for (int r = 0; r < B; r += 2) { /* the held tokens, then some of the last window; the snapshot in it */
+                const int nh = (int)held[r].size();
+                cr.push_back({r, 0, nh + pending[r], 0, nh + 1 + (int)(urand() * pending[r]), parity[r], 0,
+                              snap + (size_t)cr.size() * per});
+            }
             CK(cudaMemcpy(drows, cr.data(), cr.size() * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
             a.n_rows = (int)cr.size();
             CK((cudaError_t)kd_kda_commit(&a, mode, 0));
@@ -216,8 +234,10 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
             for (size_t i = 0; i < cr.size(); i++) {
                 const int r = cr[i].slot;
                 std::vector<double> S = ref[r];
+                std::vector<Tok> toks = held[r];
+                toks.insert(toks.end(), last[r].begin(), last[r].end());
                 for (int t = 0; t < cr[i].len; t++) {
-                    ref_step(s, A_log, dt, S, last[r][t], nullptr);
+                    ref_step(s, A_log, dt, S, toks[t], nullptr);
                     if (t + 1 == cr[i].snap_at) {
                         std::vector<float> got(sn.begin() + i * per, sn.begin() + (i + 1) * per);
                         worst_s = std::max(worst_s, relerr(got, S));
@@ -227,14 +247,19 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
                 std::vector<float> got(sg.begin() + (size_t)r * ss, sg.begin() + (size_t)r * ss + per);
                 worst_s = std::max(worst_s, relerr(got, S));
                 pending[r] = 0;
+                held[r].clear();
             }
         }
     }
     const double tol = 1e-5;
     bad = !(worst_o < tol && worst_s < tol) || gap_touched;
-    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s: o rel err %.2e, state/snapshot rel err %.2e%s  %s\n",
+    /* a lazy check whose rows never kept their state checked nothing of it */
+    if (lazy > 1 && kept == 0) bad = 1;
+    char lz[48] = "";
+    if (lazy > 1) snprintf(lz, sizeof lz, " lazy (%d records, %d rows kept)", RC, kept);
+    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s%s: o rel err %.2e, state/snapshot rel err %.2e%s  %s\n",
            mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg,
-           ss == per ? "" : " strided", worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
+           ss == per ? "" : " strided", lz, worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
     cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored) /* or a.work */, cudaFree(dA), cudaFree(ddt);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(b), cudaFree(qn), cudaFree(kn), cudaFree(dec);
     cudaFree(qk), cudaFree(beta), cudaFree(o), cudaFree(snap), cudaFree(drows);
@@ -246,15 +271,18 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps) {
 struct Res {
     int B, T;
     double copy_us, def_us, all_us, commit_us, def_prev_us, commit_prev_us, fused_us, split_us, onepass_us, copyk_us,
-        half_us, op_plain_us, pso_us, op_order_us;
+        half_us, op_plain_us, pso_us, op_order_us, lazy_keep_us, lazy_write_us;
     double floor_us() const { return copy_us < copyk_us ? copy_us : copyk_us; }
+    /* the lazy checkpoint at factor 2, every draft accepted: a step that keeps its folded state (fold T),
+     * then one that folds both windows (2T) and writes it, in turn */
+    double lazy_us() const { return 0.5 * (lazy_keep_us + lazy_write_us); }
 };
 
 // What the benchmark times at each (B, T), in a graph of L layers, each with its settings (the
 // switches of kda.cuh; split -1: the default form) and where its time goes in Res (sweep: printed only).
 using ResField = double Res::*;
 struct Timed {
-    enum Op { COPY, COPY_KERNEL, VERIFY, STORE_ALL, COMMIT } op;
+    enum Op { COPY, COPY_KERNEL, VERIFY, STORE_ALL, COMMIT, LAZY_KEEP, LAZY_WRITE } op;
     int tc, warps, r, split, pdl, onepass_pdl, hint;
     bool small_only; /* B <= 8 */
     ResField dst;
@@ -263,6 +291,8 @@ struct Timed {
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
     {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, &Res::def_us, nullptr},          /* the default */
+    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, &Res::lazy_keep_us, nullptr}, /* the default form, lazy */
+    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, &Res::lazy_write_us, nullptr},
     {Timed::STORE_ALL, 1, 0, 0, -1, 1, 1, 1, false, &Res::all_us, nullptr},
     {Timed::COMMIT, 1, 0, 0, -1, 1, 1, 1, false, &Res::commit_us, nullptr},
     {Timed::VERIFY, 0, 0, 0, -1, 1, 1, 1, false, &Res::def_prev_us, nullptr},     /* the CUDA-core kernels */
@@ -379,6 +409,12 @@ int main(int argc, char **argv) {
             for (const Shape &s : shapes)
                 if (s.B <= 5) fails += check_shape(s, KD_KDA_DEFERRED, 16, 12);
         }
+        /* the lazy checkpoint: records for 2 windows of 4 or 8 (folds of up to 8 / 16), 4 windows of 1 */
+        printf("path: %s, lazy checkpoint\n", c.name);
+        for (const Shape &s : shapes) {
+            fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
+            if (s.B <= 5) fails += check_shape(s, KD_KDA_DEFERRED, 8, 12, 2), fails += check_shape(s, KD_KDA_DEFERRED, 1, 12, 4);
+        }
     }
     kd_kda_force_r(0);
     kd_kda_tensor_cores(0, 0);
@@ -386,6 +422,7 @@ int main(int argc, char **argv) {
     if (!only_new && !prof_b) {
         printf("path: CUDA cores, closed form\n");
         for (const Shape &s : shapes) fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
+        for (const Shape &s : shapes) fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
     }
     kd_kda_closed_form(0);
     kd_kda_tensor_cores(1, 0);
@@ -400,7 +437,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     // ------------------------------------------------------------------- bench
-    const int HV = 32, K = 128, V = 128, H = 32, Tw = 8;
+    const int HV = 32, K = 128, V = 128, H = 32, Tw = 8, RC = 16; /* RC: records a slot (the lazy steps' 2T) */
+    /* KD_KDA_BENCH_LAZY_ONLY=1: only the copies, the default verify and its lazy steps */
+    const bool lazy_only = getenv("KD_KDA_BENCH_LAZY_ONLY") && !strcmp(getenv("KD_KDA_BENCH_LAZY_ONLY"), "1");
     const size_t per = (size_t)HV * K * V; // floats per state (2 MiB)
     std::vector<int> Bs = {1, 8, 32, 64, 128, 256, 512};
     const int Ts[] = {1, 2, 4, 8};
@@ -415,7 +454,8 @@ int main(int argc, char **argv) {
         std::vector<kd_kda_args> la(L);
         std::vector<float *> bufs;
         const int slots = B + 1;
-        kd_kda_row *drows = dalloc<kd_kda_row>(B);
+        kd_kda_row *drows = dalloc<kd_kda_row>(B), *drows_keep = dalloc<kd_kda_row>(B),
+                   *drows_write = dalloc<kd_kda_row>(B);
         const int N = B * Tw;
         float *tok = dalloc<float>((size_t)N * (2 * H * K + H + HV * K + HV * V + HV + HV * V));
         {
@@ -443,29 +483,37 @@ int main(int argc, char **argv) {
             a = {};
             a.H = H, a.HV = HV, a.K = K, a.V = V, a.Tw = Tw, a.n_rows = B, a.rows = drows;
             a.state = dalloc<float>((size_t)slots * per);
-            a.rec_u = dalloc<float>((size_t)slots * Tw * HV * V);
-            a.rec_kg = dalloc<float>((size_t)slots * 2 * Tw * HV * 2 * K);
+            a.rec_u = dalloc<float>((size_t)slots * RC * HV * V);
+            a.rec_kg = dalloc<float>((size_t)slots * 2 * RC * HV * 2 * K);
             stored[l] = dalloc<float>((size_t)slots * Tw * per);
             fill(a.state, (size_t)slots * per, 0.1f);
             fill(stored[l], (size_t)slots * Tw * per, 0.1f);
-            fill(a.rec_u, (size_t)slots * Tw * HV * V, 0.3f);
-            fill(a.rec_kg, (size_t)slots * 2 * Tw * HV * 2 * K, 1.f);
+            fill(a.rec_u, (size_t)slots * RC * HV * V, 0.3f);
+            fill(a.rec_kg, (size_t)slots * 2 * RC * HV * 2 * K, 1.f);
             a.qn = qn, a.kn = kn, a.qk = qk, a.decay = dec, a.beta = bt, a.v = vv, a.o = o;
             bufs.push_back(a.state), bufs.push_back(a.rec_u), bufs.push_back(a.rec_kg), bufs.push_back(stored[l]);
         }
         float *copy_dst = dalloc<float>((size_t)L * B * per);
-        float *work = dalloc<float>(kd_kda_work_floats(B, HV, K, Tw)); // one work space for every layer
+        float *work = dalloc<float>(kd_kda_work_floats(B, HV, K, RC)); // one work space for every layer
         for (int T : Ts) {
             if (prof_b && T != prof_t) continue;
             std::vector<kd_kda_row> rows(B);
             /* steady state: fold T (every draft accepted last step); KD_KDA_BENCH_FOLD=F: min(F, T)
              * (partial acceptance) */
             const int bf = getenv("KD_KDA_BENCH_FOLD") ? atoi(getenv("KD_KDA_BENCH_FOLD")) : 0;
-            for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, nullptr};
+            for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, 0, nullptr};
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            /* the lazy steps (records for 2T tokens): fold T and keep, fold 2T and write */
+            for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, T, 0, 0, 1, nullptr};
+            CK(cudaMemcpy(drows_keep, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
+            for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, 2 * T, 0, 0, 0, nullptr};
+            CK(cudaMemcpy(drows_write, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
+            Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             for (const Timed &w : kTimed) {
                 if (w.small_only && B > 8) continue;
+                if (lazy_only && !(w.op == Timed::COPY || w.op == Timed::COPY_KERNEL || w.op == Timed::LAZY_KEEP ||
+                                   w.op == Timed::LAZY_WRITE || w.dst == &Res::def_us))
+                    continue;
                 kd_kda_tensor_cores(w.tc, w.warps);
                 kd_kda_force_r(w.r);
                 kd_kda_pdl(w.pdl);
@@ -488,6 +536,11 @@ int main(int argc, char **argv) {
                             (const float4 *)la[l].state, (float4 *)(copy_dst + (size_t)l * B * per), (size_t)B * per / 4);
                     else if (w.op == Timed::COMMIT)
                         CK((cudaError_t)kd_kda_commit(&la[l], KD_KDA_DEFERRED, st));
+                    else if (w.op == Timed::LAZY_KEEP || w.op == Timed::LAZY_WRITE) {
+                        kd_kda_args a2 = la[l];
+                        a2.Tw = 2 * T, a2.rows = w.op == Timed::LAZY_KEEP ? drows_keep : drows_write;
+                        CK((cudaError_t)kd_kda_verify(&a2, KD_KDA_DEFERRED, T, st));
+                    }
                     else {
                         const kd_kda_mode m = w.op == Timed::STORE_ALL ? KD_KDA_STORE_ALL : KD_KDA_DEFERRED;
                         CK((cudaError_t)kd_kda_verify(&la[l], m, T, st));
@@ -507,6 +560,9 @@ int main(int argc, char **argv) {
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
+            printf("B=%3d T=%d: lazy x2: keep %8.2f us, write %8.2f us, mean %8.2f us, %.2fx the copy (deferred %.2fx)\n",
+                   B, T, rr.lazy_keep_us, rr.lazy_write_us, rr.lazy_us(), rr.lazy_us() / rr.floor_us(),
+                   rr.def_us / rr.floor_us());
             printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
                    "one-pass with plain stores %8.2f us, %.2fx; in plain stream order %8.2f us, %.2fx; "
                    "one kernel %8.2f us, %.2fx; CUDA cores %8.2f us, %.2fx)  store-all %8.2f us (%.2fx)  commit %8.2f us "
@@ -519,7 +575,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
         for (float *b : bufs) cudaFree(b);
-        cudaFree(copy_dst), cudaFree(work), cudaFree(drows), cudaFree(tok);
+        cudaFree(copy_dst), cudaFree(work), cudaFree(drows), cudaFree(drows_keep), cudaFree(drows_write), cudaFree(tok);
     }
     // results
     char path[512];
@@ -547,13 +603,16 @@ int main(int argc, char **argv) {
                 "programmatic dependent of the kernel before, kd_kda_onepass_pdl(0)); one kernel: the one-kernel "
                 "tensor-core verify; CUDA cores: the CUDA-core kernels; in plain stream order: the CUDA-core verify "
                 "(the default at B <= 2) not a programmatic dependent of the kernel before it (in this graph the layer "
-                "before's verify, whose blocks let the next layer's start once past their wait); all from the same "
-                "run.\n\n"
+                "before's verify, whose blocks let the next layer's start once past their wait); lazy x2: the "
+                "default form with the lazy checkpoint at factor 2 (records for 2T tokens, kd_kda_row.keep), whose "
+                "steps alternate at full acceptance: one folds T tokens and keeps its state (keep), the next folds "
+                "2T and writes it (write); their mean is a step; all from the same run.\n\n"
                 "| B | T | copy floor (us) | cudaMemcpyAsync (us) | copy kernel (us) | deferred (us) | deferred / copy "
+                "| lazy x2, keep (us) | lazy x2, write (us) | lazy x2, mean / copy "
                 "| CUDA cores in plain stream order (us) | split (us) | split, half (us) | one-pass (us) "
                 "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                 prop.name, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS = " : "",
                 min_layers > 1 ? min_layers : 0,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
@@ -563,17 +622,18 @@ int main(int argc, char **argv) {
         char pso[32] = "-", psoj[32] = "null"; /* measured at B <= 8 */
         if (r.pso_us > 0) snprintf(pso, sizeof pso, "%.2f", r.pso_us), snprintf(psoj, sizeof psoj, "%.3f", r.pso_us);
         fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,"
-                    "\"deferred_us\":%.3f,\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
+                    "\"deferred_us\":%.3f,\"lazy2_keep_us\":%.3f,\"lazy2_write_us\":%.3f,\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
                     "\"deferred_split_half_us\":%.3f,\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,"
                     "\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
-                i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us,
+                i ? "," : "", r.B, r.T, r.floor_us(), r.copyk_us, r.copy_us, r.def_us, r.lazy_keep_us, r.lazy_write_us,
                 psoj, r.split_us, r.half_us,
                 r.onepass_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
                 r.commit_prev_us);
-        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
                     "| %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-                r.B, r.T, r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), pso, r.split_us,
+                r.B, r.T, r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), r.lazy_keep_us,
+                r.lazy_write_us, r.lazy_us() / r.floor_us(), pso, r.split_us,
                 r.half_us, r.onepass_us,
                 r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us,
                 r.all_us / r.floor_us(), r.commit_us, r.commit_prev_us);

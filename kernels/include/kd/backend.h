@@ -233,6 +233,17 @@ kd_backend *kd_backend_create(const char *name, int act_bf16, kd_err *err);
  * and window and more tokens), a later one captures it. On by default, off with the
  * environment KDECODE_CUDA_GRAPHS=0 at creation or kd_cuda_set_graphs(b, 0). */
 int kd_cuda_set_graphs(kd_backend *b, int on);
+/* The lazy checkpoint (KDA.md §7; deferred mode): records for up to factor x max_window tokens a
+ * slot (at most 16), so that a verify whose fold and window fit in them keeps its folded state
+ * instead of writing it back, and the next verify (or commit) folds both windows' tokens from the
+ * checkpoint before: at factor 2 and every draft accepted, a slot's state is written every other
+ * step. 1: off (every verify that folds writes its checkpoint). The environment's KDECODE_CUDA_LAZY
+ * at creation sets it too. Before reserve (it sizes the records); returns the factor it replaces,
+ * or -1 (nothing changed) on another backend, after reserve or for a factor outside 1..16. */
+int kd_cuda_set_lazy(kd_backend *b, int factor);
+/* Tests: the tokens of a slot that its last verify folded without writing its checkpoint (0 when
+ * the checkpoint is the committed state before the slot's window; -1 on another backend). */
+int32_t kd_cuda_held(kd_backend *b, int32_t slot);
 /* Captures the graphs of decode steps of up to `rows` requests before the first step, at most
  * max_graphs shapes (at most the backend's 96): first, for each padded row count and longest
  * window, the shape of every row at that window (which covers every step of those rows and
