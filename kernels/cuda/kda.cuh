@@ -74,6 +74,17 @@
 // 1.16 / 1.30 / 1.60 x in all); measured at B >= 256 it runs at the copy's bandwidth, so
 // its time over the copy's is that ratio (tests/bench/results/kda_h200.md). store-all:
 // read 64 KiB, write T x 64 KiB (1 + T states).
+//
+// Lazy checkpoint (kd_kda_row.keep; KDA.md §7): the fold's output is the window's starting state
+// whether or not it is written back, so a verify may leave the checkpoint as it was, keep the
+// folded records where they are and append its window's records after them; the next verify (or
+// commit) folds them all from the old checkpoint (a fold of up to 16 records: Tw, the records a
+// slot, is then the records' capacity rather than the longest window). The backend keeps a
+// slot's state when the records fit (cuda_backend.cu, lazy_keep): at its default, records for two
+// windows, every other step writes. Per (row, value head) and step at F = T the state then costs
+// 64 + 32 KiB on average instead of 128 (records: the written step reads 2T of them): measured on
+// an H200, T = 1 at 0.88-1.01 x the copy from B = 64 (1.09-1.21 x writing every step), T = 2 at
+// 1.00-1.19 x (tests/bench/results/kda_h200.md, "lazy x2").
 #ifndef KD_CUDA_KDA_CUH
 #define KD_CUDA_KDA_CUH
 
