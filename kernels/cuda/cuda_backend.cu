@@ -617,7 +617,8 @@ int cu_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tok
         dalloc_t(cb, &cb->snap, b->layout.slot_elems, 4, "snapshot", err) ||
         dalloc_t(cb, &cb->kpart, cb->bf16 ? KD_KSPLIT_MAX * (N < kKsplitRows ? N : kKsplitRows) * cb->D : 1, 4,
                  "K slices' partial sums", err) ||
-        dalloc_t(cb, &cb->kda_work, store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)rc),
+        dalloc_t(cb, &cb->kda_work,
+                 store_all ? 1 : (int64_t)kd_kda_work_floats(max_rows, (int32_t)HV, (int32_t)K, (int32_t)rc),
                  4, "KDA verify work space", err) ||
         dalloc_t(cb, &cb->pf_work,
                  (int64_t)kd_kda_prefill_work_floats((int32_t)(N / 8 + max_rows), (int32_t)HV, (int32_t)K), 4,

@@ -257,7 +257,8 @@ static int check_shape(const Shape &s, kd_kda_mode mode, int Tw, int steps, int 
     if (lazy > 1 && kept == 0) bad = 1;
     char lz[48] = "";
     if (lazy > 1) snprintf(lz, sizeof lz, " lazy (%d records, %d rows kept)", RC, kept);
-    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s%s: o rel err %.2e, state/snapshot rel err %.2e%s  %s\n",
+    printf("check %-9s H=%d HV=%d K=%3d V=%3d B=%d lb=%d neg=%d%s%s: o rel err %.2e, state/snapshot rel err "
+           "%.2e%s  %s\n",
            mode == KD_KDA_DEFERRED ? "deferred" : "store-all", H, HV, K, V, B, s.lb, s.neg,
            ss == per ? "" : " strided", lz, worst_o, worst_s, gap_touched ? " GAPS WRITTEN" : "", bad ? "FAIL" : "ok");
     cudaFree(a.state), cudaFree(a.rec_u), cudaFree(a.rec_kg), cudaFree(a.stored) /* or a.work */, cudaFree(dA), cudaFree(ddt);
@@ -413,7 +414,8 @@ int main(int argc, char **argv) {
         printf("path: %s, lazy checkpoint\n", c.name);
         for (const Shape &s : shapes) {
             fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
-            if (s.B <= 5) fails += check_shape(s, KD_KDA_DEFERRED, 8, 12, 2), fails += check_shape(s, KD_KDA_DEFERRED, 1, 12, 4);
+            if (s.B <= 5)
+                fails += check_shape(s, KD_KDA_DEFERRED, 8, 12, 2), fails += check_shape(s, KD_KDA_DEFERRED, 1, 12, 4);
         }
     }
     kd_kda_force_r(0);
@@ -560,7 +562,8 @@ int main(int argc, char **argv) {
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
             res.push_back(rr);
-            printf("B=%3d T=%d: lazy x2: keep %8.2f us, write %8.2f us, mean %8.2f us, %.2fx the copy (deferred %.2fx)\n",
+            printf("B=%3d T=%d: lazy x2: keep %8.2f us, write %8.2f us, mean %8.2f us, %.2fx the copy "
+                   "(deferred %.2fx)\n",
                    B, T, rr.lazy_keep_us, rr.lazy_write_us, rr.lazy_us(), rr.lazy_us() / rr.floor_us(),
                    rr.def_us / rr.floor_us());
             printf("B=%3d T=%d: copy %8.2f us (memcpy %8.2f, kernel %8.2f)  deferred %8.2f us (%.2fx; split, half %8.2f us; split %8.2f us; one-pass %8.2f us, %.2fx; "
@@ -622,7 +625,8 @@ int main(int argc, char **argv) {
         char pso[32] = "-", psoj[32] = "null"; /* measured at B <= 8 */
         if (r.pso_us > 0) snprintf(pso, sizeof pso, "%.2f", r.pso_us), snprintf(psoj, sizeof psoj, "%.3f", r.pso_us);
         fprintf(js, "%s{\"B\":%d,\"T\":%d,\"copy_floor_us\":%.3f,\"copy_kernel_us\":%.3f,\"copy_us\":%.3f,"
-                    "\"deferred_us\":%.3f,\"lazy2_keep_us\":%.3f,\"lazy2_write_us\":%.3f,\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
+                    "\"deferred_us\":%.3f,\"lazy2_keep_us\":%.3f,\"lazy2_write_us\":%.3f,"
+                    "\"cuda_cores_plain_order_us\":%s,\"deferred_split_us\":%.3f,"
                     "\"deferred_split_half_us\":%.3f,\"deferred_one_pass_us\":%.3f,\"one_pass_plain_stores_us\":%.3f,"
                     "\"one_pass_plain_order_us\":%.3f,\"deferred_one_kernel_us\":%.3f,\"deferred_cuda_cores_us\":%.3f,"
                     "\"store_all_us\":%.3f,\"commit_us\":%.3f,\"commit_cuda_cores_us\":%.3f}",
@@ -630,7 +634,8 @@ int main(int argc, char **argv) {
                 psoj, r.split_us, r.half_us,
                 r.onepass_us, r.op_plain_us, r.op_order_us, r.fused_us, r.def_prev_us, r.all_us, r.commit_us,
                 r.commit_prev_us);
-        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+        fprintf(md, "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f "
+                    "| %.2f | %.2f | %.2f "
                     "| %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                 r.B, r.T, r.floor_us(), r.copy_us, r.copyk_us, r.def_us, r.def_us / r.floor_us(), r.lazy_keep_us,
                 r.lazy_write_us, r.lazy_us() / r.floor_us(), pso, r.split_us,
