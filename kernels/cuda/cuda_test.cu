@@ -31,7 +31,8 @@
 //     graphs against one running eagerly: tokens, accepted counts and uniforms used equal.
 // (e) The engine on the GPU against the engine on the CPU: a long randomized run (requests
 //     joining, finishing and aborted, n-gram / caller / no drafts, greedy and sampled, stop
-//     tokens), in each commit mode (eager with the prefix cache): every request's tokens
+//     tokens), in each commit mode (eager with the prefix cache), and deferred with it too (the lazy
+//     checkpoint under eager commits with snapshots): every request's tokens
 //     and finish equal.
 // (f) The skinny bf16 GEMM (gemv.cuh), every form, against a float64 reference: odd shapes,
 //     padded leading dimensions, beta 0 and 1; the products it must refuse; the gate|up product
@@ -2321,6 +2322,9 @@ int main(int argc, char **argv) {
             oracle_graph_case(argv[1], name);
         }
         for (kd_commit_mode mode : modes) engine_case(specs[0], mode, mode == KD_COMMIT_EAGER, seed + 31, 400);
+        /* deferred commits with the prefix cache: eager commits with snapshots near block boundaries, of slots
+         * whose lazy checkpoint may hold the last window's tokens (kd_cuda_set_lazy) */
+        engine_case(specs[0], KD_COMMIT_DEFERRED, 1, seed + 32, 400);
     }
     if (g_failed) {
         printf("CUDA CHECKS FAILED: %d of %d checks\n", g_failed, g_checks);
