@@ -145,6 +145,7 @@ constexpr size_t kStageBytes = 8u << 20; // pinned staging for state_hash
 constexpr int kMaxWindow = 16;          // kd_kda_verify's limit
 constexpr int kMaxRecords = 16;         // records a slot (kd_kda_args.Tw), the lazy checkpoint's bound
 constexpr int kLazyDefault = 2;         // kd_cuda_set_lazy's factor at creation
+constexpr int kLazyHold = 8;            // a kept state's next fold: at most this many records, or two windows
 constexpr int kSideRows = 0; // f_proj.1 / g_proj.1 on the second stream from these rows (0: never; above)
 // o_proj and the down projection in K slices (kd_cuda_set_ksplit): at most kKsplitRows rows (the partial sums'
 // buffer); by default kKsplitNb slices in forwards of kKsplitLo..kKsplitHi rows. Measured on an H200 (48B
@@ -978,9 +979,16 @@ kd_kda_mode kda_mode(const cu_backend *cb) {
 
 // The lazy checkpoint: whether a verify row of a slot that folds F tokens (the held ones and its
 // batch row's fold) and runs a window of len keeps its folded state instead of writing it back:
-// when its window's records fit after the folded ones (the next verify folds at most F + len).
+// when its window's records fit after the folded ones (the next verify folds at most F + len),
+// and the next fold stays within kLazyHold records or two windows. Measured on an H200 (the KDA
+// layer alone, HV = 32, K = V = 128, tests/bench/results/logs/lazy_sweep_h200.log): a state
+// written every 2nd / 3rd / 4th / 8th step costs at B = 128 0.99 / 0.95 / 0.95 / 0.97 x the copy at
+// T = 1, 1.16 / 1.13 / 1.13 / 1.21 x at T = 2, at T = 4 1.36 / 1.37 / 1.38 x (2nd to 4th): folds of
+// more than 8 records cost more than the writes they spare.
 int lazy_keep(const cu_backend *cb, int32_t slot, int32_t F, int32_t len) {
-    return cb->rcap > cb->base.max_window && slot != cb->base.n_slots && F > 0 && F + len <= cb->rcap;
+    const int32_t hold = 2 * len > kLazyHold ? 2 * len : kLazyHold;
+    return cb->rcap > cb->base.max_window && slot != cb->base.n_slots && F > 0 && F + len <= cb->rcap &&
+           F + len <= hold;
 }
 
 // Fills the pinned metadata block for a batch and returns its launch shape. With sampling

@@ -442,6 +442,7 @@ int main(int argc, char **argv) {
     const int HV = 32, K = 128, V = 128, H = 32, Tw = 8, RC = 16; /* RC: records a slot (the lazy steps' 2T) */
     /* KD_KDA_BENCH_LAZY_ONLY=1: only the copies, the default verify and its lazy steps */
     const bool lazy_only = getenv("KD_KDA_BENCH_LAZY_ONLY") && !strcmp(getenv("KD_KDA_BENCH_LAZY_ONLY"), "1");
+    const bool lazy_sweep = getenv("KD_KDA_BENCH_LAZY_SWEEP") && !strcmp(getenv("KD_KDA_BENCH_LAZY_SWEEP"), "1");
     const size_t per = (size_t)HV * K * V; // floats per state (2 MiB)
     std::vector<int> Bs = {1, 8, 32, 64, 128, 256, 512};
     const int Ts[] = {1, 2, 4, 8};
@@ -561,6 +562,36 @@ int main(int argc, char **argv) {
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
+            /* KD_KDA_BENCH_LAZY_SWEEP=1: the lazy checkpoint at factors 2, 3, 4, 8 (records for F x T <= 16
+             * tokens), every draft accepted: its steps fold T, 2T, .. (F - 1) T and keep their state, then F x T
+             * and write it; each step timed alone (the default form), their mean a step (printed only) */
+            if (lazy_sweep)
+                for (int F : {2, 3, 4, 8}) {
+                    if (F * T > RC) continue;
+                    double sum = 0;
+                    char steps[160];
+                    int off = 0;
+                    for (int k = 1; k <= F; k++) {
+                        for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, k * T, 0, 0, k < F, nullptr};
+                        CK(cudaMemcpy(drows_keep, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
+                        cudaGraph_t gph;
+                        cudaGraphExec_t ge;
+                        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                        for (int l = 0; l < L; l++) {
+                            kd_kda_args a2 = la[l];
+                            a2.Tw = F * T, a2.rows = drows_keep, a2.work = work;
+                            CK((cudaError_t)kd_kda_verify(&a2, KD_KDA_DEFERRED, T, st));
+                        }
+                        CK(cudaStreamEndCapture(st, &gph));
+                        CK(cudaGraphInstantiate(&ge, gph, 0));
+                        const double us = time_graph(ge, st, 20) * 1e3 / L;
+                        cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
+                        sum += us;
+                        off += snprintf(steps + off, sizeof steps - (size_t)off, " %.2f", us);
+                    }
+                    printf("  lazy sweep B=%d T=%d x%d: steps%s us, mean %.2f us, %.2fx the copy\n", B, T, F, steps,
+                           sum / F, sum / F / rr.floor_us());
+                }
             res.push_back(rr);
             printf("B=%3d T=%d: lazy x2: keep %8.2f us, write %8.2f us, mean %8.2f us, %.2fx the copy "
                    "(deferred %.2fx)\n",
