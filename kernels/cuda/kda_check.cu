@@ -3,7 +3,9 @@
 // states, in the same run). Run on the device machine: kda_check OUT_DIR COMMIT.
 //   check: verify windows of random length with random acceptance, folds, eager commits with
 //          snapshots, store-all; several shapes (grouped value heads, V not a multiple of
-//          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch.
+//          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch; the lazy
+//          checkpoint (kd_kda_row.keep: verifies that keep their folded state, folds of held tokens).
+//          KD_KDA_BENCH_LAZY_ONLY=1 / KD_KDA_BENCH_LAZY_SWEEP=1: the bench's lazy steps only / at factors 2-8.
 //   bench: HV = 32, K = V = 128, fp32 state, T in {1,2,4,8}, B in {1..512}; graphs of one
 //          launch per layer over enough layers that the states exceed the L2 cache
 //          (KD_KDA_BENCH_LAYERS=n: at least n, 1..64, for launches with neighbours at every B).
