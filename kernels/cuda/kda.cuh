@@ -4,7 +4,7 @@
 // the benchmark.
 //
 // State layout (per layer; the CPU backend's and the handoff's): S [slot][HV][K][V] fp32,
-// slot n_slots is the scratch row. Records per slot: corrections u [Tw][HV][V] fp32 and
+// slot n_slots is the scratch row. Records per slot (Tw of them: kd_kda_args): corrections u [Tw][HV][V] fp32 and
 // key/decay kg [2][Tw][HV][2K] fp32 (two buffers, alternating): the window's normalised key
 // and decay exactly as kd_kda_prepare made them, so a fold repeats the window's arithmetic
 // without recomputing a norm or an exponential; store-all keeps states [Tw][HV][K][V] instead.
@@ -113,7 +113,8 @@ typedef struct kd_kda_row {
 } kd_kda_row;
 
 typedef struct kd_kda_args {
-    int32_t H, HV, K, V, Tw;   // heads, value heads, key dim, value dim, max window
+    int32_t H, HV, K, V, Tw;   // heads, value heads, key dim, value dim, records a slot (at least the
+                               // longest window; more with the lazy checkpoint: see keep; at most 16)
     int32_t n_rows;
     const kd_kda_row *rows;    // device
     float *state;              // slot s's [HV][K][V] at state + s * slot_stride
