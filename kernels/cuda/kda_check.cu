@@ -305,11 +305,16 @@ static const Timed kTimed[] = {
     {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 1, false, &Res::onepass_us, nullptr},
     {Timed::COPY_KERNEL, 1, 0, 0, -1, 1, 1, 1, false, &Res::copyk_us, nullptr},
     {Timed::VERIFY, 1, 0, 0, 5, 1, 1, 1, false, &Res::half_us, nullptr},          /* split, half through smem */
-    {Timed::VERIFY, 0, 0, 0, -1, 0, 1, 1, true, &Res::pso_us, "plain stream order"},
-    {Timed::VERIFY, 0, 0, 8, -1, 1, 1, 1, true, nullptr, "R = 8"},
-    {Timed::VERIFY, 0, 0, 4, -1, 1, 1, 1, true, nullptr, "R = 4"},
+    {Timed::VERIFY, 0, 0, 0, -1, 0, 1, 1, true, &Res::pso_us, "CUDA-core verify, plain stream order"},
+    {Timed::VERIFY, 0, 0, 8, -1, 1, 1, 1, true, nullptr, "CUDA-core verify, R = 8"},
+    {Timed::VERIFY, 0, 0, 4, -1, 1, 1, 1, true, nullptr, "CUDA-core verify, R = 4"},
     {Timed::VERIFY, 1, 0, 0, 3, 1, 1, 0, false, &Res::op_plain_us, nullptr},      /* one-pass, plain stores */
     {Timed::VERIFY, 1, 0, 0, 3, 1, 0, 1, false, &Res::op_order_us, nullptr},      /* one-pass, plain stream order */
+    /* the lazy steps in the split forms (printed only) */
+    {Timed::LAZY_KEEP, 1, 0, 0, 5, 1, 1, 1, false, nullptr, "lazy x2 keep, split verify, half"},
+    {Timed::LAZY_WRITE, 1, 0, 0, 5, 1, 1, 1, false, nullptr, "lazy x2 write, split verify, half"},
+    {Timed::LAZY_KEEP, 1, 0, 0, 4, 1, 1, 1, false, nullptr, "lazy x2 keep, split verify"},
+    {Timed::LAZY_WRITE, 1, 0, 0, 4, 1, 1, 1, false, nullptr, "lazy x2 write, split verify"},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -555,7 +560,7 @@ int main(int argc, char **argv) {
                 CK(cudaGraphInstantiate(&ge, gph, 0));
                 const double us = time_graph(ge, st, 20) * 1e3 / L;
                 if (w.dst) rr.*w.dst = us;
-                if (w.sweep) printf("  sweep B=%d T=%d CUDA-core verify, %s: deferred %.2f us\n", B, T, w.sweep, us);
+                if (w.sweep) printf("  sweep B=%d T=%d %s: %.2f us\n", B, T, w.sweep, us);
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
             }
             kd_kda_tensor_cores(1, 0);
