@@ -3448,6 +3448,15 @@ static int load_model(serve_opts *o) {
     if (!(g_srv.eng = kd_engine_create(g_srv.be, g_srv.model->fingerprint, &o->eng, on_engine_event, NULL, &err)))
         return logf_("load-failed", "%s", err.msg), -1;
     o->eng.max_queue -= o->eng.max_seqs;
+    {
+        const int32_t lazy = kd_cuda_lazy_records(g_srv.be);
+        char lz[96] = "";
+        if (lazy > 0)
+            snprintf(lz, sizeof lz, "; lazy checkpoint: records for %d tokens a slot and layer (KDECODE_CUDA_LAZY)",
+                     lazy);
+        logf_("slots", "%d request slots of %.1f MiB (state, conv windows and verify records)%s", g_srv.be->n_slots,
+              (double)g_srv.be->slot_bytes / (1 << 20), lz);
+    }
     if (o->warm_graphs > 0 && !strcmp(g_srv.be->ops->name, "cuda")) {
         const double tw = now_s();
         const int n = kd_cuda_warm_graphs(g_srv.be, o->eng.max_seqs, o->warm_graphs, &err);

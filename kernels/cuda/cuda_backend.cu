@@ -1719,6 +1719,12 @@ extern "C" int kd_cuda_set_lazy(kd_backend *b, int factor) {
     return old;
 }
 
+extern "C" int32_t kd_cuda_lazy_records(kd_backend *b) {
+    cu_backend *cb = as_cuda(b);
+    if (!cb || b->n_slots == 0) return -1;
+    return cb->rcap > b->max_window ? cb->rcap : 0;
+}
+
 extern "C" int32_t kd_cuda_held(kd_backend *b, int32_t slot) {
     cu_backend *cb = as_cuda(b);
     if (!cb || !cb->held || slot < 0 || slot >= cb->slots1) return -1;

@@ -241,6 +241,9 @@ int kd_cuda_set_graphs(kd_backend *b, int on);
  * at creation sets it too. Before reserve (it sizes the records); returns the factor it replaces,
  * or -1 (nothing changed) on another backend, after reserve or for a factor outside 1..16. */
 int kd_cuda_set_lazy(kd_backend *b, int factor);
+/* The records a slot and layer hold when the lazy checkpoint is on (more than the longest window),
+ * else 0; -1 on another backend or before reserve. For operators' logs. */
+int32_t kd_cuda_lazy_records(kd_backend *b);
 /* Tests: the tokens of a slot that its last verify folded without writing its checkpoint (0 when
  * the checkpoint is the committed state before the slot's window; -1 on another backend). */
 int32_t kd_cuda_held(kd_backend *b, int32_t slot);
