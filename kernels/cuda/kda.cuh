@@ -80,9 +80,12 @@
 // folded records where they are and append its window's records after them; the next verify (or
 // commit) folds them all from the old checkpoint (a fold of up to 16 records: Tw, the records a
 // slot, is then the records' capacity rather than the longest window). The backend keeps a
-// slot's state when the records fit (cuda_backend.cu, lazy_keep): at its default, records for two
-// windows, every other step writes. Per (row, value head) and step at F = T the state then costs
-// 64 + 32 KiB on average instead of 128 (records: the written step reads 2T of them): measured on
+// slot's state when the records fit and the next fold stays within 8 records or two windows
+// (cuda_backend.cu, lazy_keep): at its default, records for two of the longest windows, a state is
+// written at most every other step (windows of the longest length: every other step; windows of
+// one token where the longest is 4: every 8th). Per (row, value head) and step at F = T, a write
+// every other step, the state then costs 64 + 32 KiB on average instead of 128 (records: the
+// written step reads 2T of them): measured on
 // an H200, T = 1 at 0.88-1.01 x the copy from B = 64 (1.09-1.21 x writing every step), T = 2 at
 // 1.00-1.19 x (tests/bench/results/kda_h200.md, "lazy x2").
 #ifndef KD_CUDA_KDA_CUH

@@ -160,7 +160,9 @@ struct kd_backend {
 int kd_backend_load(kd_backend *b, const kd_config *c, const kd_model_tensors *w, kd_err *err);
 int kd_backend_reserve(kd_backend *b, int32_t n_slots, int32_t max_rows, int64_t max_tokens,
                        int32_t max_window, kd_commit_mode mode, kd_err *err);
-/* Bytes of one slot's memory in a mode, without reserving (capacity planning, benchmarks). */
+/* Bytes of one slot's memory in a mode, without reserving (capacity planning, benchmarks). The CUDA
+ * backend's lazy checkpoint (kd_cuda_set_lazy) keeps records for more tokens than max_window: after
+ * reserve, kd_backend.slot_bytes is the figure. */
 size_t kd_slot_bytes(const kd_config *c, int32_t max_window, kd_commit_mode mode,
                      size_t state_elem_bytes, size_t act_elem_bytes);
 int kd_backend_reset_slot(kd_backend *b, int32_t slot, kd_err *err);
