@@ -1344,6 +1344,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // corrections and v (written two or more kernels back, or by earlier steps) are in flight
 // before the block waits for the kernel before it (kd_kda_prepare), whose outputs (the window's
 // keys, queries, decays and beta) it reads after.
+// Load order (SCHED, kd_kda_onepass_sched). A block's loads land in the order they were issued,
+// behind everything its SM issued before, while the grid's first blocks all load at once: traced
+// on an H200 (tests/bench/trace/onepass_trace.cu, B = 128) the prologue of a block that issued
+// its 64 KiB tile first ended after the tile had landed, the later the longer the window (T = 4:
+// the window half 5.8 us after the block's start, the tile's first half 5.3 us; T = 1 4.2 / 4.8),
+// so the block waited on the prologue, not the state. SCHED 1 loads the records' keys and decays
+// before the tile and the window's inputs before the tile's second half: the prologue then ends
+// before the tile's first half lands (T = 4 5.1 / 5.7 us, T = 1 3.3 / 3.7) and the step is 3-6 %
+// faster at T = 2 / 4 from B = 32, 7 % at B = 8 (kda_h200.md). At T = 8 (NT = 2) the window's
+// prologue ends last in either order and SCHED 1 was 1-2 % slower, so those windows keep the tile
+// first.
 
 // Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
 // value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
@@ -1404,9 +1415,47 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
-template <int K, int NT, bool CS = false>
+#ifdef KD_KDA_TRACE
+/* probe builds only (nvcc -DKD_KDA_TRACE: tests/bench/trace/onepass_trace.cu): the one-pass verify's blocks
+ * in time (the layer whose state is kd_trace_state: per block its SM, start, prologue ends, state halves landed,
+ * end, from %globaltimer); none of it in other builds */
+__device__ const float *kd_trace_state;
+__device__ unsigned long long *kd_trace_buf;
+__device__ __forceinline__ unsigned long long kd_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    return t;
+}
+#define KD_TRACE_DECL unsigned long long tr_[4];
+#define KD_TRACE_AT(i) if (threadIdx.x == 0) tr_[i] = kd_gtime();
+#define KD_TRACE_START KD_TRACE_AT(0)
+#define KD_TRACE_END                                                                                            \
+    KD_TRACE_AT(3)                                                                                              \
+    if (threadIdx.x == 0 && a.state == kd_trace_state && kd_trace_buf) {                                        \
+        unsigned sm;                                                                                            \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                         \
+        const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                    \
+        unsigned long long *b = kd_trace_buf + (size_t)lin * 8;                                                 \
+        b[0] = sm, b[1] = tr_[0], b[2] = tr_[1], b[3] = tr_[2], b[4] = tr_[3];                                  \
+    }
+#define KD_TRACE_PRO(i)                                                                                         \
+    if ((threadIdx.x == 0 || threadIdx.x == 128) && a.state == kd_trace_state && kd_trace_buf) {                \
+        const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                    \
+        kd_trace_buf[(size_t)lin * 8 + 5 + threadIdx.x / 128 + i] = kd_gtime();                                 \
+    }
+#else
+#define KD_TRACE_DECL
+#define KD_TRACE_AT(i)
+#define KD_TRACE_START
+#define KD_TRACE_END
+#define KD_TRACE_PRO(i)
+#endif
+
+template <int K, int NT, bool CS = false, int SCHED = 0>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
+    KD_TRACE_DECL
+    KD_TRACE_START
     constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
     const kd_kda_row row = a.rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
@@ -1417,7 +1466,36 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     float *st = smem, *su = st + K * SP, *sv = su + FR * UP, *sb = sv + 8 * CB, *wf = sb + 16, *cpF = wf + FR * KP;
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
     // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
-    // corrections, v and beta, then its other half (folded and stored while that half lands)
+    // corrections, v and beta, then its other half (folded and stored while that half lands).
+    // The prologue's inputs go to registers: the records' keys and decays (threads [0, 128)), the window's
+    // keys, queries and decays (threads [128, 256), after the wait: written by the kernel before). SCHED 1: the
+    // records' first of all and the window's before the tile's second half, so that they land before it.
+    const int c = tid % 128;
+    const bool act = c < K, fold_half = tid < 128;
+    float pa[16], pb[16], pc[8]; /* fold half: keys pa, decays pb; window half: keys pa, queries pb, decays pc */
+    auto load_fold = [&]() {
+        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            pa[t] = 0.f, pb[t] = 1.f;
+            if (t < F && act) {
+                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+                pa[t] = rk[c], pb[t] = rk[K + c];
+            }
+        }
+    };
+    auto load_window = [&]() {
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            pa[t] = pb[t] = pc[t] = 0.f;
+            if (t < T && act) {
+                const size_t n = (size_t)row.start + t;
+                pa[t] = a.kn[(n * a.H + hk) * K + c], pb[t] = a.qn[(n * a.H + hk) * K + c];
+                pc[t] = a.decay[(n * a.HV + h) * K + c];
+            }
+        }
+    };
+    if (SCHED == 1 && fold_half) load_fold();
     tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, jj = i % CB;
@@ -1430,8 +1508,10 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         else sv[i] = 0.f;
     }
     cp_async_commit();
-    tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
-    cp_async_commit();
+    if (SCHED == 0) {
+        tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+        cp_async_commit();
+    }
     pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
     /* the kernel after may be scheduled once every block is here (the backend's gated RMSNorm: its blocks set
      * up during the last blocks of this one, and load their gate early). Measured with and without on an
@@ -1442,40 +1522,27 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
      * so that its latency overlaps the records' loads instead of coming before them (the first warp's
      * threads store it; a store right after the load kept that warp, and the block, one load longer) */
     const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
+    if (SCHED == 0 && fold_half) load_fold();
+    if (!fold_half) load_window();
+    if (SCHED == 1) {
+        tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+        cp_async_commit();
+    }
     // (1) the prologue, in two halves
-    const int c = tid % 128;
-    const bool act = c < K;
-    if (tid < 128) { /* the records (keys and decays): fold weights */
-        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-        float kr[16], d[16];
-#pragma unroll
-        for (int t = 0; t < 16; t++) {
-            kr[t] = 0.f, d[t] = 1.f;
-            if (t < F && act) {
-                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-                kr[t] = rk[c], d[t] = rk[K + c];
-            }
-        }
+    if (fold_half) { /* the records (keys and decays): fold weights */
         float p = 1.f;
 #pragma unroll
         for (int t = 15; t >= 0; t--)
             if (t < F) {
-                if (act) wf[t * KP + c] = kr[t] * p;
-                p *= d[t];
+                if (act) wf[t * KP + c] = pa[t] * p;
+                p *= pb[t];
             }
         if (act) cpF[c] = p;
     } else { /* the window: decayed keys and queries, M and N; the new records */
-        float kw[8], qw[8], dw[8];
         float *kg_new = kg_new_base(a, row, slot, K);
+        float kw[8], qw[8], dw[8];
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            kw[t] = qw[t] = dw[t] = 0.f;
-            if (t < T && act) {
-                const size_t n = (size_t)row.start + t;
-                kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
-                dw[t] = a.decay[(n * a.HV + h) * K + c];
-            }
-        }
+        for (int t = 0; t < 8; t++) kw[t] = pa[t], qw[t] = pb[t], dw[t] = pc[t];
         if (blockIdx.x == 0 && act)
 #pragma unroll
             for (int t = 0; t < 8; t++)
@@ -1492,6 +1559,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
                 if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
             }
     }
+    KD_TRACE_PRO(0)
     /* small folds and windows on the CUDA cores (cc_fold, cc_window) read only the rows they use;
      * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
     const bool ccf = F <= 2, ccw = T <= 2;
@@ -1502,6 +1570,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (tid < T) sb[tid] = bload;
     cp_async_wait1();
     __syncthreads();
+    KD_TRACE_AT(1)
     if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
                        * (read by the solve, after two more barriers) */
         const int t = c % 64 / 8, r = c % 8;
@@ -1517,26 +1586,26 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     const int vl = warp * 16 + 2 * g;
     const bool live = j0 + vl < V;
     float s[KT][4];
-    tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
-    if (F > 0) {
-        if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
-        else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live && !row.keep) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
+#define KD_ONEPASS_PART(C0, C1)                                                                                 \
+    tile_to_regs<KT, SP, C0, C1>(s, st, vl, q);                                                                \
+    if (F > 0) {                                                                                               \
+        if (ccf) cc_fold<KT, C0, C1>(s, cpF, su, UP, wf, KP, F, vl, q);                                        \
+        else tc_fold_smem<K, C0, C1>(s, cpF, su, UP, wf, F, vl, g, q);                                         \
+        if (live && !row.keep) tc_store<C1, C0, CS>(*(float(*)[C1][4])s, S, V, j0 + vl, q);                     \
     }
+    KD_ONEPASS_PART(0, KT / 2)
     cp_async_wait();
     __syncthreads();
-    tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
-    if (F > 0) {
-        if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
-        else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
-        if (live && !row.keep) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
-    }
+    KD_TRACE_AT(2)
+    KD_ONEPASS_PART(KT / 2, KT)
+#undef KD_ONEPASS_PART
     if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
     else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
     // (3) per value column: the triangular solve
     if (tid < CB && j0 + tid < V)
         tc_solve_column(a, (size_t)row.start, slot * Tw + rec_off(row), h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
+    KD_TRACE_END
 }
 
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
@@ -1686,11 +1755,17 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
  * 3.051 ms, s = 3 3.829 / 3.773; B = 128 s = 0 6.139 / 6.122, s = 3 10.721 / 10.653; B = 8 2.266 /
  * 2.253; tests/bench/results/logs/hint_h200_d9b32a0.log) */
 int g_store_cs = 1;
+int g_onepass_sched = 1; /* kd_kda_onepass_sched */
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    auto f = g_store_cs ? verify_onepass_kernel<K, NT, true> : verify_onepass_kernel<K, NT, false>;
+    /* the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1) by default: measured on an H200
+     * (kda_check, alternated processes) the layer step at B >= 32 T = 2 / 4 3-6 % faster, T = 1 the same; at T = 8 1-2 %
+     * slower (its window half's prologue ends last either way: tests/bench/trace/onepass_trace.cu) */
+    const bool first = g_onepass_sched == 2 || (g_onepass_sched == 1 && NT == 1);
+    auto f = g_store_cs ? (first ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, true>)
+                        : (first ? verify_onepass_kernel<K, NT, false, 1> : verify_onepass_kernel<K, NT, false>);
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -1945,6 +2020,7 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
+extern "C" void kd_kda_onepass_sched(int sched) { g_onepass_sched = sched; }
 extern "C" int kd_kda_store_hint(int on) {
     const int was = g_store_cs;
     g_store_cs = on != 0;
@@ -1996,3 +2072,9 @@ extern "C" int kd_kda_prefill(const kd_kda_prow *rows, int32_t n_rows, int32_t n
     }
 #undef KD_PC
 }
+#ifdef KD_KDA_TRACE
+extern "C" void kd_kda_trace_set(const float *state, unsigned long long *buf) {
+    cudaMemcpyToSymbol(kd_trace_state, &state, sizeof state);
+    cudaMemcpyToSymbol(kd_trace_buf, &buf, sizeof buf);
+}
+#endif

@@ -6,6 +6,7 @@
 //          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch; the lazy
 //          checkpoint (kd_kda_row.keep: verifies that keep their folded state, folds of held tokens).
 //          KD_KDA_BENCH_LAZY_ONLY=1 / KD_KDA_BENCH_LAZY_SWEEP=1: the bench's lazy steps only / at factors 2-8.
+//          KD_KDA_ONEPASS_SCHED=0/1/2: the checks with the one-pass verify's loads in that order.
 //   bench: HV = 32, K = V = 128, fp32 state, T in {1,2,4,8}, B in {1..512}; graphs of one
 //          launch per layer over enough layers that the states exceed the L2 cache
 //          (KD_KDA_BENCH_LAYERS=n: at least n, 1..64, for launches with neighbours at every B).
@@ -26,6 +27,8 @@
 
 /* the verify form of the default path (KD_KDA_SPLIT: see kd_kda_split; 1 chosen by size) */
 static int g_split_default = 1;
+/* the one-pass verify's load order for the checks (KD_KDA_ONEPASS_SCHED: see kd_kda_onepass_sched) */
+static int g_sched_default = 1;
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double urand() {
@@ -290,6 +293,7 @@ struct Timed {
     bool small_only; /* B <= 8 */
     ResField dst;
     const char *sweep;
+    int sched = 1; /* kd_kda_onepass_sched */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -315,6 +319,10 @@ static const Timed kTimed[] = {
     {Timed::LAZY_WRITE, 1, 0, 0, 5, 1, 1, 1, false, nullptr, "lazy x2 write, split verify, half"},
     {Timed::LAZY_KEEP, 1, 0, 0, 4, 1, 1, 1, false, nullptr, "lazy x2 keep, split verify"},
     {Timed::LAZY_WRITE, 1, 0, 0, 4, 1, 1, 1, false, nullptr, "lazy x2 write, split verify"},
+    /* the one-pass verify with its state tile loaded first at every window (printed only) */
+    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, tile first", 0},
+    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, tile first", 0},
+    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, tile first", 0},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -346,6 +354,7 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     g_rng ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
     if (getenv("KD_KDA_SPLIT")) g_split_default = atoi(getenv("KD_KDA_SPLIT"));
+    if (getenv("KD_KDA_ONEPASS_SCHED")) kd_kda_onepass_sched(g_sched_default = atoi(getenv("KD_KDA_ONEPASS_SCHED")));
     int fails = 0;
     const Shape shapes[] = {{2, 4, 128, 128, 3, 0, 0, 0}, {2, 2, 32, 32, 5, 1, -5.0, 1}, {1, 3, 64, 48, 2, 0, 0, 1},
                             {4, 4, 128, 128, 1, 0, 0, 0}, {2, 4, 128, 128, 70, 0, 0, 0}, {1, 4, 64, 64, 130, 1, -3.0, 0}};
@@ -529,6 +538,7 @@ int main(int argc, char **argv) {
                 kd_kda_pdl(w.pdl);
                 kd_kda_onepass_pdl(w.onepass_pdl);
                 kd_kda_store_hint(w.hint);
+                kd_kda_onepass_sched(w.sched);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -566,6 +576,7 @@ int main(int argc, char **argv) {
             kd_kda_tensor_cores(1, 0);
             kd_kda_force_r(0);
             kd_kda_store_hint(1);
+            kd_kda_onepass_sched(g_sched_default);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);

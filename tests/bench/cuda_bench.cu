@@ -413,6 +413,17 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
+    if (getenv("KD_BENCH_SCHED")) { /* the one-pass verify's loads: the state tile first, or the prologue's inputs */
+        const int pts[][2] = {{32, 0}, {32, 3}, {64, 3}, {128, 0}, {128, 3}, {8, 3}, {4, 1}};
+        ab_rounds(be, VOC, "sched", pts, sizeof pts / sizeof pts[0], "the state tile first", "the default",
+                  "tile first", [](kd_backend *x, int m) {
+                      kd_kda_onepass_sched(m);
+                      kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
+                  });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
     if (getenv("KD_BENCH_LT")) { /* cuBLASLt's table against its heuristic's first, windows of 3 too (3 x 2^k rows) */
         const int pts[][2] = {{4, 2}, {8, 2}, {16, 2}, {32, 2}, {64, 2}, {128, 2}, {32, 0}, {128, 0}, {32, 3}};
         ab_rounds(be, VOC, "lt", pts, sizeof pts / sizeof pts[0], "the heuristic's first", "the table", "first",
