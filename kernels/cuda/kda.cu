@@ -1409,6 +1409,35 @@ __device__ __forceinline__ void cc_window(const float (&s)[KT][4], const float *
     }
 }
 
+// The one-pass verify's prologue inputs, thread c's channel: the F records' normalised keys and decays
+// (written by earlier steps), and the window's keys, queries and decays (kd_kda_prepare's outputs).
+template <int K>
+__device__ __forceinline__ void onepass_records(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int h, int F,
+                                                int c, bool act, float (&kr)[16], float (&d)[16]) {
+    const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * a.Tw) * (size_t)a.HV * 2 * K;
+#pragma unroll
+    for (int t = 0; t < 16; t++) {
+        kr[t] = 0.f, d[t] = 1.f;
+        if (t < F && act) {
+            const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
+            kr[t] = rk[c], d[t] = rk[K + c];
+        }
+    }
+}
+template <int K>
+__device__ __forceinline__ void onepass_window_in(const kd_kda_args &a, const kd_kda_row &row, int h, int hk, int T,
+                                                  int c, bool act, float (&kw)[8], float (&qw)[8], float (&dw)[8]) {
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        kw[t] = qw[t] = dw[t] = 0.f;
+        if (t < T && act) {
+            const size_t n = (size_t)row.start + t;
+            kw[t] = a.kn[(n * a.H + hk) * K + c], qw[t] = a.qn[(n * a.H + hk) * K + c];
+            dw[t] = a.decay[(n * a.HV + h) * K + c];
+        }
+    }
+}
+
 __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
      * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
@@ -1467,35 +1496,15 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     float *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64, *red = N + 64, *P = red + 8 * NR;
     // (0) asynchronous copies, in two groups: the state tile's first K / 2 rows with the fold's
     // corrections, v and beta, then its other half (folded and stored while that half lands).
-    // The prologue's inputs go to registers: the records' keys and decays (threads [0, 128)), the window's
-    // keys, queries and decays (threads [128, 256), after the wait: written by the kernel before). SCHED 1: the
-    // records' first of all and the window's before the tile's second half, so that they land before it.
+    // SCHED 1 (the prologue's inputs first): the records' keys and decays go to registers before the
+    // tile's copies are issued, the window's keys, queries and decays (after the wait: the kernel
+    // before wrote them) before its second half's.
     const int c = tid % 128;
-    const bool act = c < K, fold_half = tid < 128;
-    float pa[16], pb[16], pc[8]; /* fold half: keys pa, decays pb; window half: keys pa, queries pb, decays pc */
-    auto load_fold = [&]() {
-        const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-#pragma unroll
-        for (int t = 0; t < 16; t++) {
-            pa[t] = 0.f, pb[t] = 1.f;
-            if (t < F && act) {
-                const float *rk = kg_old + ((size_t)t * a.HV + h) * 2 * K;
-                pa[t] = rk[c], pb[t] = rk[K + c];
-            }
-        }
-    };
-    auto load_window = [&]() {
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            pa[t] = pb[t] = pc[t] = 0.f;
-            if (t < T && act) {
-                const size_t n = (size_t)row.start + t;
-                pa[t] = a.kn[(n * a.H + hk) * K + c], pb[t] = a.qn[(n * a.H + hk) * K + c];
-                pc[t] = a.decay[(n * a.HV + h) * K + c];
-            }
-        }
-    };
-    if (SCHED == 1 && fold_half) load_fold();
+    const bool act = c < K;
+    float kr[16], d[16];          /* the prologue's inputs: threads [0, 128) the records' keys and decays, */
+    float kw[8], qw[8], dw[8];    /* threads [128, 256) the window's keys, queries and decays */
+    if constexpr (SCHED == 1)
+        if (tid < 128) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
     tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, jj = i % CB;
@@ -1508,7 +1517,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         else sv[i] = 0.f;
     }
     cp_async_commit();
-    if (SCHED == 0) {
+    if constexpr (SCHED == 0) {
         tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
         cp_async_commit();
     }
@@ -1522,27 +1531,25 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
      * so that its latency overlaps the records' loads instead of coming before them (the first warp's
      * threads store it; a store right after the load kept that warp, and the block, one load longer) */
     const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
-    if (SCHED == 0 && fold_half) load_fold();
-    if (!fold_half) load_window();
-    if (SCHED == 1) {
+    if constexpr (SCHED == 1) {
+        if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
         tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
         cp_async_commit();
     }
     // (1) the prologue, in two halves
-    if (fold_half) { /* the records (keys and decays): fold weights */
+    if (tid < 128) { /* the records (keys and decays): fold weights */
+        if constexpr (SCHED == 0) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
         float p = 1.f;
 #pragma unroll
         for (int t = 15; t >= 0; t--)
             if (t < F) {
-                if (act) wf[t * KP + c] = pa[t] * p;
-                p *= pb[t];
+                if (act) wf[t * KP + c] = kr[t] * p;
+                p *= d[t];
             }
         if (act) cpF[c] = p;
     } else { /* the window: decayed keys and queries, M and N; the new records */
+        if constexpr (SCHED == 0) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
         float *kg_new = kg_new_base(a, row, slot, K);
-        float kw[8], qw[8], dw[8];
-#pragma unroll
-        for (int t = 0; t < 8; t++) kw[t] = pa[t], qw[t] = pb[t], dw[t] = pc[t];
         if (blockIdx.x == 0 && act)
 #pragma unroll
             for (int t = 0; t < 8; t++)

@@ -11,6 +11,7 @@
 //          launch per layer over enough layers that the states exceed the L2 cache
 //          (KD_KDA_BENCH_LAYERS=n: at least n, 1..64, for launches with neighbours at every B).
 #include <cuda_runtime.h>
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -633,8 +634,10 @@ int main(int argc, char **argv) {
     char path[512];
     snprintf(path, sizeof path, "%s/kda_h200.json", out);
     FILE *js = fopen(path, "w");
+    if (!js) return fprintf(stderr, "kda_check: cannot write %s: %s\n", path, strerror(errno)), 1;
     snprintf(path, sizeof path, "%s/kda_h200.md", out);
     FILE *md = fopen(path, "w");
+    if (!md) return fprintf(stderr, "kda_check: cannot write %s: %s\n", path, strerror(errno)), fclose(js), 1;
     time_t tt = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
