@@ -1344,17 +1344,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // corrections and v (written two or more kernels back, or by earlier steps) are in flight
 // before the block waits for the kernel before it (kd_kda_prepare), whose outputs (the window's
 // keys, queries, decays and beta) it reads after.
-// Load order (SCHED, kd_kda_onepass_sched). A block's loads land in the order they were issued,
-// behind everything its SM issued before, while the grid's first blocks all load at once: traced
-// on an H200 (tests/bench/trace/onepass_trace.cu, B = 128) the prologue of a block that issued
-// its 64 KiB tile first ended after the tile had landed, the later the longer the window (T = 4:
-// the window half 5.8 us after the block's start, the tile's first half 5.3 us; T = 1 4.2 / 4.8),
-// so the block waited on the prologue, not the state. SCHED 1 loads the records' keys and decays
-// before the tile and the window's inputs before the tile's second half: the prologue then ends
-// before the tile's first half lands (T = 4 5.1 / 5.7 us, T = 1 3.3 / 3.7) and the step is 3-6 %
-// faster at T = 2 / 4 from B = 32, 7 % at B = 8 (kda_h200.md). At T = 8 (NT = 2) the window's
-// prologue ends last in either order and SCHED 1 was 1-2 % slower, so those windows keep the tile
-// first.
+// Load order (SCHED, kd_kda_onepass_sched). The grid's first blocks all issue their tiles at once
+// and a block's loads land behind what its SM issued before them: traced on an H200
+// (tests/bench/trace/onepass_trace.cu, B = 128, kept steps of the lazy checkpoint) with the tile
+// issued first, the window half's prologue ended 5.8 us after the block's start at T = 4 (4.2 at
+// T = 1), the fold half's 5.3 (4.6), and the block passed its first barrier at 6.4 (4.8): it waited
+// on the prologue's loads, not the state. SCHED 1 loads the records' keys and decays before the
+// tile and the window's inputs before the tile's second half: 5.1 / 4.1 / 5.7 us at T = 4 (3.3 /
+// 3.3 / 3.7 at T = 1), the layer step 2-9 % faster at T = 2 / 4 (deferred B = 8 T = 4 12.8 -> 11.6
+// us, B = 128 196.3 -> 186.2; the lazy checkpoint's kept steps B = 128 T = 2 120.7 -> 110.4), the
+// same at T = 1 (tests/bench/results/kda_h200.md, the "tile first" lines of its log). At T = 8
+// (NT = 2) the window half's prologue ends last in either order and SCHED 1 was 1-2 % slower, so
+// those windows keep the tile first. ptxas reports 8 bytes of spills in the SCHED 1 form (none in
+// SCHED 0), included in the times above.
 
 // Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
 // value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
@@ -1767,9 +1769,8 @@ int g_onepass_sched = 1; /* kd_kda_onepass_sched */
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    /* the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1) by default: measured on an H200
-     * (kda_check, alternated processes) the layer step at B >= 32 T = 2 / 4 3-6 % faster, T = 1 the same; at T = 8 1-2 %
-     * slower (its window half's prologue ends last either way: tests/bench/trace/onepass_trace.cu) */
+    /* the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1) by default (see the kernel's
+     * comment: faster at T = 2 / 4, the same at T = 1, 1-2 % slower at T = 8) */
     const bool first = g_onepass_sched == 2 || (g_onepass_sched == 1 && NT == 1);
     auto f = g_store_cs ? (first ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, true>)
                         : (first ? verify_onepass_kernel<K, NT, false, 1> : verify_onepass_kernel<K, NT, false>);

@@ -48,6 +48,8 @@
 //   instructions; 1.17 -> 1.07 x the copy on an H200). It writes the folded checkpoint with
 //   evict-first stores (kd_kda_store_hint): in a 48B step the plain stores' dirty lines were
 //   still leaving the L2 during the weight products after the verify (kda.cu has the figures).
+//   At windows of up to 4 tokens the prologue's inputs are loaded first, the window's before the
+//   tile's second half (kd_kda_onepass_sched): a block otherwise waited on them, not on its state.
 // - CUDA cores at B <= 2 (below), for the verify and the commit.
 // The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
 // itself) and the commit (commit_tc_kernel, the default above B = 2) use the same
@@ -86,8 +88,8 @@
 // one token where the longest is 4: every 8th). Per (row, value head) and step at F = T, a write
 // every other step, the state then costs 64 + 32 KiB on average instead of 128 (records: the
 // written step reads 2T of them): measured on
-// an H200, T = 1 at 0.88-1.01 x the copy from B = 64 (1.09-1.21 x writing every step), T = 2 at
-// 1.00-1.19 x (tests/bench/results/kda_h200.md, "lazy x2").
+// an H200, T = 1 at 0.88-0.99 x the copy from B = 64 (1.11-1.21 x writing every step), T = 2 at
+// 0.98-1.11 x, T = 4 at 1.16-1.30 x (tests/bench/results/kda_h200.md, "lazy x2").
 #ifndef KD_CUDA_KDA_CUH
 #define KD_CUDA_KDA_CUH
 

@@ -15,6 +15,8 @@
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_HINT=1 cuda_bench ...: only steps of 8-128 requests, the one-pass verify's checkpoint stores
 //   plain or evict-first (the default; kd_kda_store_hint), alternated over 5 rounds (printed only).
+//   KD_BENCH_SCHED=1 cuda_bench ...: only steps of 4-128 requests, the one-pass verify's loads with the state tile
+//   first or the default order (kd_kda_onepass_sched 0 / 1) alternated over 5 rounds (printed only).
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
