@@ -4,8 +4,8 @@
 // KD_KDA_TRACE hooks, compiled only into this probe). It showed the blocks moving in step (the grid's first
 // blocks load at once and land together; a start staggered by up to 4 us changed nothing) and the
 // prologue ending after the state had landed, hence kd_kda_onepass_sched.
-// Build (from the repository root):
-//   nvcc -O3 -std=c++17 -DKD_KDA_TRACE -gencode=arch=compute_90,code=[sm_90,compute_90] -I. -Ikernels/include \
+// Build (from the repository root, one command):
+//   nvcc -O3 -std=c++17 -DKD_KDA_TRACE -gencode=arch=compute_90,code=[sm_90,compute_90] -I. -Ikernels/include
 //     tests/bench/trace/onepass_trace.cu kernels/cuda/kda.cu -o onepass_trace
 // Run: onepass_trace [B ...]   (default 128 512). Per B, T, step (keep: fold T and keep the state, the lazy
 // checkpoint's first step; write: fold 2T and write it; deferred: fold T and write) and load order
