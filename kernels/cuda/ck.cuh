@@ -1,6 +1,6 @@
 // ck.cuh: for the GPU test and benchmark programs: CK(call), a failed CUDA runtime call prints
 // where and why and ends the program (exit status 1); time_graph, the median time of a graph's
-// replays.
+// replays; env_int, a whole number from the environment, checked.
 #ifndef KD_CUDA_CK_CUH
 #define KD_CUDA_CK_CUH
 
@@ -19,6 +19,21 @@
             exit(1);                                                                              \
         }                                                                                         \
     } while (0)
+
+// The environment variable name as a whole number in [lo, hi] into *v (left as it is when unset): true, or false
+// with a message when it is set to anything else (not a number, trailing characters, out of range).
+static inline bool env_int(const char *name, long lo, long hi, int *v) {
+    const char *s = getenv(name);
+    if (!s) return true;
+    char *end = nullptr;
+    const long x = strtol(s, &end, 10);
+    if (end == s || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s=%s: want a whole number in %ld..%ld\n", name, s, lo, hi);
+        return false;
+    }
+    *v = (int)x;
+    return true;
+}
 
 // The median of reps replays of ge on st (ms), after one replay to warm up.
 static inline double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {

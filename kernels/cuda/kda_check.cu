@@ -349,13 +349,16 @@ __global__ void copy4_kernel(const float4 *s, float4 *d, size_t n) {
 int main(int argc, char **argv) {
     const char *out = argc > 1 ? argv[1] : ".";
     const char *commit = argc > 2 ? argv[2] : "unknown";
+    int bench_fold = 0; /* KD_KDA_BENCH_FOLD (see the bench) */
+    if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 2, &g_sched_default) ||
+        !env_int("KD_KDA_BENCH_FOLD", 0, 8, &bench_fold))
+        return 2;
     int dev = 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, dev));
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     g_rng ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
-    if (getenv("KD_KDA_SPLIT")) g_split_default = atoi(getenv("KD_KDA_SPLIT"));
-    if (getenv("KD_KDA_ONEPASS_SCHED")) kd_kda_onepass_sched(g_sched_default = atoi(getenv("KD_KDA_ONEPASS_SCHED")));
+    kd_kda_onepass_sched(g_sched_default);
     int fails = 0;
     const Shape shapes[] = {{2, 4, 128, 128, 3, 0, 0, 0}, {2, 2, 32, 32, 5, 1, -5.0, 1}, {1, 3, 64, 48, 2, 0, 0, 1},
                             {4, 4, 128, 128, 1, 0, 0, 0}, {2, 4, 128, 128, 70, 0, 0, 0}, {1, 4, 64, 64, 130, 1, -3.0, 0}};
@@ -520,7 +523,7 @@ int main(int argc, char **argv) {
             std::vector<kd_kda_row> rows(B);
             /* steady state: fold T (every draft accepted last step); KD_KDA_BENCH_FOLD=F: min(F, T)
              * (partial acceptance) */
-            const int bf = getenv("KD_KDA_BENCH_FOLD") ? atoi(getenv("KD_KDA_BENCH_FOLD")) : 0;
+            const int bf = bench_fold;
             for (int r = 0; r < B; r++) rows[r] = {r, r * T, T, bf > 0 && bf < T ? bf : T, 0, 0, 0, nullptr};
             CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
             /* the lazy steps (records for 2T tokens): fold T and keep, fold 2T and write */

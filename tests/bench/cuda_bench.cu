@@ -84,6 +84,7 @@
 #include <vector>
 
 #include "kd/backend.h"
+#include "kernels/cuda/ck.cuh"
 #include "kernels/cuda/kda.cuh"
 #include "kernels/cuda/ops.cuh"
 extern "C" {
@@ -446,7 +447,7 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_KSPLIT")) { /* o_proj and the down projection in K slices, or whole */
         static int nb = 2;
-        if (const char *v = getenv("KD_KSPLIT_NB")) nb = atoi(v);
+        if (!env_int("KD_KSPLIT_NB", 1, KD_KSPLIT_MAX, &nb)) return 2;
         const int pts[][2] = {{4, 3}, {8, 3}, {16, 3}, {32, 0}, {32, 1}, {32, 3},
                               {64, 0}, {96, 0}, {128, 0}, {64, 3}, {128, 3}};
         char on[32];
@@ -542,7 +543,7 @@ int main(int argc, char **argv) {
     }
     if (getenv("KD_BENCH_PFROWS")) { /* mode 4 in steps of at most 2 requests (the default until 4) or more */
         static int rows_on = 1 << 20;
-        if (const char *v = getenv("KD_PFROWS_N")) rows_on = atoi(v);
+        if (!env_int("KD_PFROWS_N", 1, 1 << 20, &rows_on)) return 2;
         const int pts_any[][2] = {{4, 0}, {8, 0}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {128, 3}};
         const int pts_few[][2] = {{2, 1}, {2, 3}, {3, 0}, {3, 1}, {3, 3}, {4, 0}, {4, 1}, {4, 3}, {5, 0}};
         const bool few = rows_on < 5;
@@ -854,12 +855,10 @@ int main(int argc, char **argv) {
     bool e2e_first = true;
     uint64_t id = 1;
     std::vector<std::vector<int32_t>> cont(128);
-    const char *pe2 = getenv("KD_BENCH_E2E_PASSES"), *pw = getenv("KD_BENCH_WARM");
-    const int e2e_passes = pe2 ? atoi(pe2) : 1;
-    if (e2e_passes < 1 || e2e_passes > 4) return printf("KD_BENCH_E2E_PASSES=n, 1-4\n"), 2;
-    if (pw) {
-        const int n = atoi(pw);
-        if (n < 0 || n > 96) return printf("KD_BENCH_WARM=n, 0-96\n"), 2;
+    int e2e_passes = 1, n_warm = -1;
+    if (!env_int("KD_BENCH_E2E_PASSES", 1, 4, &e2e_passes) || !env_int("KD_BENCH_WARM", 0, 96, &n_warm)) return 2;
+    if (n_warm >= 0) {
+        const int n = n_warm;
         const double tw = now();
         const int got = kd_cuda_warm_graphs(be, cfg.max_seqs, n, &err);
         if (got < 0) return printf("warm graphs: %s\n", err.msg), 1;
