@@ -1595,19 +1595,21 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     const int vl = warp * 16 + 2 * g;
     const bool live = j0 + vl < V;
     float s[KT][4];
-#define KD_ONEPASS_PART(C0, C1)                                                                                 \
-    tile_to_regs<KT, SP, C0, C1>(s, st, vl, q);                                                                \
-    if (F > 0) {                                                                                               \
-        if (ccf) cc_fold<KT, C0, C1>(s, cpF, su, UP, wf, KP, F, vl, q);                                        \
-        else tc_fold_smem<K, C0, C1>(s, cpF, su, UP, wf, F, vl, g, q);                                         \
-        if (live && !row.keep) tc_store<C1, C0, CS>(*(float(*)[C1][4])s, S, V, j0 + vl, q);                     \
+    tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
+    if (F > 0) {
+        if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live && !row.keep) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
-    KD_ONEPASS_PART(0, KT / 2)
     cp_async_wait();
     __syncthreads();
     KD_TRACE_AT(2)
-    KD_ONEPASS_PART(KT / 2, KT)
-#undef KD_ONEPASS_PART
+    tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
+    if (F > 0) {
+        if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
+        else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
+        if (live && !row.keep) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
+    }
     if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
     else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
     __syncthreads();
@@ -2028,7 +2030,12 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
-extern "C" void kd_kda_onepass_sched(int sched) { g_onepass_sched = sched; }
+extern "C" int kd_kda_onepass_sched(int sched) {
+    if (sched < 0 || sched > 2) return -1;
+    const int was = g_onepass_sched;
+    g_onepass_sched = sched;
+    return was;
+}
 extern "C" int kd_kda_store_hint(int on) {
     const int was = g_store_cs;
     g_store_cs = on != 0;

@@ -169,8 +169,9 @@ int kd_kda_store_hint(int on);
 // The one-pass verify's loads: 1 (the default) the prologue's inputs first (the records' keys and decays
 // before the state tile, the window's keys, queries and decays before its second half) for windows of up
 // to 4 tokens, the state tile first above; 0 the state tile first, 2 the prologue's inputs first, at every
-// window (tests, benchmarks). See kda.cu, verify_onepass_kernel.
-void kd_kda_onepass_sched(int sched);
+// window (tests, benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
+// changes nothing) for a value outside 0..2.
+int kd_kda_onepass_sched(int sched);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

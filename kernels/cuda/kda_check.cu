@@ -349,9 +349,10 @@ __global__ void copy4_kernel(const float4 *s, float4 *d, size_t n) {
 int main(int argc, char **argv) {
     const char *out = argc > 1 ? argv[1] : ".";
     const char *commit = argc > 2 ? argv[2] : "unknown";
-    int bench_fold = 0; /* KD_KDA_BENCH_FOLD (see the bench) */
+    /* KD_KDA_BENCH_FOLD (see the bench); KD_KDA_BENCH_LAYERS=n: the bench's graphs have at least n layers */
+    int bench_fold = 0, min_layers = 1;
     if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 2, &g_sched_default) ||
-        !env_int("KD_KDA_BENCH_FOLD", 0, 8, &bench_fold))
+        !env_int("KD_KDA_BENCH_FOLD", 0, 8, &bench_fold) || !env_int("KD_KDA_BENCH_LAYERS", 1, 64, &min_layers))
         return 2;
     int dev = 0;
     cudaDeviceProp prop;
@@ -401,17 +402,6 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    /* KD_KDA_BENCH_LAYERS=n: the bench's graphs have at least n layers (1..64), else refused before any check */
-    int min_layers = 1;
-    if (const char *ml = getenv("KD_KDA_BENCH_LAYERS")) {
-        char *end = nullptr;
-        const long v = strtol(ml, &end, 10);
-        if (end == ml || *end || v < 1 || v > 64) {
-            fprintf(stderr, "kda_check: KD_KDA_BENCH_LAYERS=%s: want a number of layers in 1..64\n", ml);
-            return 2;
-        }
-        min_layers = (int)v;
-    }
     for (const Cfg &c : cfgs) {
         if (prof_b) break;
         if (only == 1 && c.split == 0) continue;
@@ -438,6 +428,18 @@ int main(int argc, char **argv) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 8, 12, 2), fails += check_shape(s, KD_KDA_DEFERRED, 1, 12, 4);
         }
     }
+    /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
+     * first (0) and the prologue's inputs first (2), each at every window */
+    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1)
+        for (int sched : {0, 2}) {
+            kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3), kd_kda_onepass_sched(sched);
+            printf("path: one-pass verify, loads in order %d at every window\n", sched);
+            for (const Shape &s : shapes) {
+                fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
+                fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
+            }
+        }
+    kd_kda_onepass_sched(g_sched_default);
     kd_kda_force_r(0);
     kd_kda_tensor_cores(0, 0);
     kd_kda_closed_form(1);

@@ -858,9 +858,8 @@ int main(int argc, char **argv) {
     int e2e_passes = 1, n_warm = -1;
     if (!env_int("KD_BENCH_E2E_PASSES", 1, 4, &e2e_passes) || !env_int("KD_BENCH_WARM", 0, 96, &n_warm)) return 2;
     if (n_warm >= 0) {
-        const int n = n_warm;
         const double tw = now();
-        const int got = kd_cuda_warm_graphs(be, cfg.max_seqs, n, &err);
+        const int got = kd_cuda_warm_graphs(be, cfg.max_seqs, n_warm, &err);
         if (got < 0) return printf("warm graphs: %s\n", err.msg), 1;
         printf("graphs captured before the end-to-end runs: %d in %.3f s (%.2f ms each)\n", got, now() - tw,
                got ? (now() - tw) * 1e3 / got : 0.0);
