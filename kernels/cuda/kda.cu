@@ -1355,8 +1355,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // us, B = 128 196.3 -> 186.2; the lazy checkpoint's kept steps B = 128 T = 2 120.7 -> 110.4), the
 // same at T = 1 (tests/bench/results/kda_h200.md, the "tile first" lines of its log). At T = 8
 // (NT = 2) the window half's prologue ends last in either order and SCHED 1 was 1-2 % slower, so
-// those windows keep the tile first. ptxas reports 8 bytes of spills in the SCHED 1 form (none in
-// SCHED 0), included in the times above.
+// those windows keep the tile first in the grid's first wave, whose blocks start while the kernel
+// before still runs, and load all of the prologue's inputs first after it (SCHED 3: those blocks
+// start once the kernel before has finished, since each first-wave block waits for it). On an H100
+// (kda_check's "tile first" lines, tests/bench/results/kda_h100.md) SCHED 3 against the tile first at
+// T = 8: the lazy checkpoint's mean step 0.7-2.5 % faster from B = 32 (B = 64 125.1 -> 122.0 us), deferred
+// steps within -1.7 / +1.0 %. At T <= 4 SCHED 3 was slower than SCHED 1 (B = 128 kept steps T = 4
+// 175.1 -> 191.7 us in the trace probe, 48B steps up to 4.4 %: logs/onepass_sched3_h100_e980118.log).
+// ptxas reports 8 bytes of spills in the SCHED 1 form, 16 in SCHED 3's (none in SCHED 0), included in
+// the times above.
 
 // Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
 // value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
@@ -1505,8 +1512,21 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     const bool act = c < K;
     float kr[16], d[16];          /* the prologue's inputs: threads [0, 128) the records' keys and decays, */
     float kw[8], qw[8], dw[8];    /* threads [128, 256) the window's keys, queries and decays */
-    if constexpr (SCHED == 1)
+    /* SCHED 3: blocks of the grid's first wave (2 an SM) in the order of SCHED 0, the later ones (they start
+     * after the kernel before has finished, since every first-wave block waits for it) with all of the
+     * prologue's inputs loaded before the tile */
+    bool later = false;
+    if constexpr (SCHED == 3) {
+        unsigned nsm;
+        asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+        later = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) >= 2 * nsm;
+    }
+    if (SCHED == 1 || later)
         if (tid < 128) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
+    if (later) {
+        pdl_wait();
+        if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
+    }
     tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
     for (int i = tid; i < F * CB; i += NTH) {
         const int t = i / CB, jj = i % CB;
@@ -1519,7 +1539,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         else sv[i] = 0.f;
     }
     cp_async_commit();
-    if constexpr (SCHED == 0) {
+    if (SCHED != 1) {
         tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
         cp_async_commit();
     }
@@ -1540,7 +1560,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     }
     // (1) the prologue, in two halves
     if (tid < 128) { /* the records (keys and decays): fold weights */
-        if constexpr (SCHED == 0) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
+        if (SCHED == 0 || (SCHED == 3 && !later)) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
         float p = 1.f;
 #pragma unroll
         for (int t = 15; t >= 0; t--)
@@ -1550,7 +1570,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
             }
         if (act) cpF[c] = p;
     } else { /* the window: decayed keys and queries, M and N; the new records */
-        if constexpr (SCHED == 0) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
+        if (SCHED == 0 || (SCHED == 3 && !later)) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
         float *kg_new = kg_new_base(a, row, slot, K);
         if (blockIdx.x == 0 && act)
 #pragma unroll
@@ -1771,11 +1791,13 @@ int g_onepass_sched = 1; /* kd_kda_onepass_sched */
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    /* the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1) by default (see the kernel's
-     * comment: faster at T = 2 / 4, the same at T = 1, 1-2 % slower at T = 8) */
-    const bool first = g_onepass_sched == 2 || (g_onepass_sched == 1 && NT == 1);
-    auto f = g_store_cs ? (first ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, true>)
-                        : (first ? verify_onepass_kernel<K, NT, false, 1> : verify_onepass_kernel<K, NT, false>);
+    /* by default the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1), and for longer
+     * ones the tile first in the grid's first wave and the inputs first after it (SCHED 3); see the kernel's
+     * comment */
+    const int sched = g_onepass_sched == 1 ? (NT == 1 ? 1 : 3) : g_onepass_sched == 2 ? 1 : g_onepass_sched;
+    auto f = sched == 1   ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, false, 1>)
+             : sched == 3 ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 3> : verify_onepass_kernel<K, NT, false, 3>)
+                          : (g_store_cs ? verify_onepass_kernel<K, NT, true, 0> : verify_onepass_kernel<K, NT, false, 0>);
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -2031,7 +2053,7 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
 extern "C" int kd_kda_onepass_sched(int sched) {
-    if (sched < 0 || sched > 2) return -1;
+    if (sched < 0 || sched > 3) return -1;
     const int was = g_onepass_sched;
     g_onepass_sched = sched;
     return was;

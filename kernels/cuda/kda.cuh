@@ -49,7 +49,8 @@
 //   evict-first stores (kd_kda_store_hint): in a 48B step the plain stores' dirty lines were
 //   still leaving the L2 during the weight products after the verify (kda.cu has the figures).
 //   At windows of up to 4 tokens the prologue's inputs are loaded first, the window's before the
-//   tile's second half (kd_kda_onepass_sched): a block otherwise waited on them, not on its state.
+//   tile's second half (kd_kda_onepass_sched): a block otherwise waited on them, not on its state;
+//   at longer windows all of them before the tile, past the grid's first wave.
 // - CUDA cores at B <= 2 (below), for the verify and the commit.
 // The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
 // itself) and the commit (commit_tc_kernel, the default above B = 2) use the same
@@ -168,9 +169,10 @@ void kd_kda_onepass_pdl(int on);
 int kd_kda_store_hint(int on);
 // The one-pass verify's loads: 1 (the default) the prologue's inputs first (the records' keys and decays
 // before the state tile, the window's keys, queries and decays before its second half) for windows of up
-// to 4 tokens, the state tile first above; 0 the state tile first, 2 the prologue's inputs first, at every
+// to 4 tokens, above them order 3; 0 the state tile first, 2 the prologue's inputs first, 3 the state tile
+// first in the grid's first wave and all of the prologue's inputs before it in the blocks after, at every
 // window (tests, benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
-// changes nothing) for a value outside 0..2.
+// changes nothing) for a value outside 0..3.
 int kd_kda_onepass_sched(int sched);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);

@@ -6,7 +6,8 @@
 //          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch; the lazy
 //          checkpoint (kd_kda_row.keep: verifies that keep their folded state, folds of held tokens).
 //          KD_KDA_BENCH_LAZY_ONLY=1 / KD_KDA_BENCH_LAZY_SWEEP=1: the bench's lazy steps only / at factors 2-8.
-//          KD_KDA_ONEPASS_SCHED=0/1/2: the checks with the one-pass verify's loads in that order.
+//          KD_KDA_ONEPASS_SCHED=0..3: the checks with the one-pass verify's loads in that order (the
+//          benchmark sets each line's order itself).
 //   bench: HV = 32, K = V = 128, fp32 state, T in {1,2,4,8}, B in {1..512}; graphs of one
 //          launch per layer over enough layers that the states exceed the L2 cache
 //          (KD_KDA_BENCH_LAYERS=n: at least n, 1..64, for launches with neighbours at every B).
@@ -351,7 +352,7 @@ int main(int argc, char **argv) {
     const char *commit = argc > 2 ? argv[2] : "unknown";
     /* KD_KDA_BENCH_FOLD (see the bench); KD_KDA_BENCH_LAYERS=n: the bench's graphs have at least n layers */
     int bench_fold = 0, min_layers = 1;
-    if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 2, &g_sched_default) ||
+    if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 3, &g_sched_default) ||
         !env_int("KD_KDA_BENCH_FOLD", 0, 8, &bench_fold) || !env_int("KD_KDA_BENCH_LAYERS", 1, 64, &min_layers))
         return 2;
     int dev = 0;
@@ -429,9 +430,10 @@ int main(int argc, char **argv) {
         }
     }
     /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
-     * first (0) and the prologue's inputs first (2), each at every window */
+     * first (0), the prologue's inputs first (2), and (3) the inputs first in blocks past the grid's first wave,
+     * each at every window */
     if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1)
-        for (int sched : {0, 2}) {
+        for (int sched : {0, 2, 3}) {
             kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3), kd_kda_onepass_sched(sched);
             printf("path: one-pass verify, loads in order %d at every window\n", sched);
             for (const Shape &s : shapes) {

@@ -15,8 +15,8 @@
 //   second stream's prefetch; steps of 4 and 32 rows between, for the slow state (printed only).
 //   KD_BENCH_HINT=1 cuda_bench ...: only steps of 8-128 requests, the one-pass verify's checkpoint stores
 //   plain or evict-first (the default; kd_kda_store_hint), alternated over 5 rounds (printed only).
-//   KD_BENCH_SCHED=1 cuda_bench ...: only steps of 4-128 requests, the one-pass verify's loads with the state tile
-//   first or the default order (kd_kda_onepass_sched 0 / 1) alternated over 5 rounds (printed only).
+//   KD_BENCH_SCHED=0|2|3 cuda_bench ...: only steps of 4-128 requests, the one-pass verify's loads in that order
+//   (kd_kda_onepass_sched: 0 the state tile first) or the default order, alternated over 5 rounds (printed only).
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
@@ -416,11 +416,18 @@ int main(int argc, char **argv) {
         kd_backend_free(be);
         return 0;
     }
-    if (getenv("KD_BENCH_SCHED")) { /* the one-pass verify's loads: the state tile first, or the prologue's inputs */
+    if (getenv("KD_BENCH_SCHED")) { /* the one-pass verify's loads: an order forced, or the default */
+        static int alt;
+        if (!env_int("KD_BENCH_SCHED", 0, 3, &alt) || alt == 1) {
+            fprintf(stderr, "KD_BENCH_SCHED: 0, 2 or 3 (the order compared with the default)\n");
+            return 2;
+        }
+        char nm[48];
+        snprintf(nm, sizeof nm, "loads in order %d", alt);
         const int pts[][2] = {{32, 0}, {32, 3}, {64, 3}, {128, 0}, {128, 3}, {8, 3}, {4, 1}};
-        ab_rounds(be, VOC, "sched", pts, sizeof pts / sizeof pts[0], "the state tile first", "the default",
-                  "tile first", [](kd_backend *x, int m) {
-                      kd_kda_onepass_sched(m);
+        ab_rounds(be, VOC, "sched", pts, sizeof pts / sizeof pts[0], nm, "the default", "forced",
+                  [](kd_backend *x, int m) {
+                      kd_kda_onepass_sched(m ? 1 : alt);
                       kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
                   });
         kd_engine_free(e);

@@ -9,7 +9,8 @@
 //     tests/bench/trace/onepass_trace.cu kernels/cuda/kda.cu -o onepass_trace
 // Run: onepass_trace [B ...]   (default 128 512). Per B, T, step (keep: fold T and keep the state, the lazy
 // checkpoint's first step; write: fold 2T and write it; deferred: fold T and write) and load order
-// (kd_kda_onepass_sched 0 / 2, twice, alternated): the graph's time per layer, then from one traced launch the
+// (kd_kda_onepass_sched 0 / 2, twice, alternated; KD_TRACE_SCHEDS=a,b,...: others; KD_TRACE_T=t: that window
+// alone): the graph's time per layer, then from one traced launch the
 // means per block of: start -> the tile's first half landed (the prologue included), -> its second half, ->
 // the end, the prologue's ends (fold half, window half) after the start; the blocks resident and those
 // still waiting for their state, on average and at the 10th / 50th percentile of the launch's time.
@@ -48,6 +49,23 @@ int main(int argc, char **argv) {
         Bs.push_back(atoi(argv[i]));
     if (Bs.empty())
         Bs = {128, 512};
+    /* KD_TRACE_T: one window only (1, 2, 4 or 8; default all) */
+    const int only_t = getenv("KD_TRACE_T") ? atoi(getenv("KD_TRACE_T")) : 0;
+    /* KD_TRACE_SCHEDS: the load orders to compare, in turn (default 0,2,0,2) */
+    std::vector<int> scheds = {0, 2, 0, 2};
+    if (const char *e = getenv("KD_TRACE_SCHEDS")) {
+        scheds.clear();
+        for (const char *q = e; *q;) {
+            char *end;
+            const long v = strtol(q, &end, 10);
+            if (end == q || v < 0 || v > 3) {
+                fprintf(stderr, "KD_TRACE_SCHEDS: a comma-separated list of 0..3\n");
+                return 2;
+            }
+            scheds.push_back((int)v);
+            q = *end == ',' ? end + 1 : end;
+        }
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     const int HV = 32, H = 32, K = 128, V = 128, RC = 16, nsm = prop.multiProcessorCount;
@@ -97,11 +115,12 @@ int main(int argc, char **argv) {
         std::vector<unsigned long long> tr(nblk * 8);
         for (int T : {1, 2, 4, 8})
             for (int step = 0; step < 3; step++) { /* 0 keep, 1 write, 2 deferred */
+                if (only_t && T != only_t) continue;
                 std::vector<kd_kda_row> rows(B);
                 for (int r = 0; r < B; r++)
                     rows[r] = {r, r * T, T, step == 1 ? 2 * T : T, 0, 0, step == 0, nullptr};
                 CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-                for (int sched : {0, 2, 0, 2}) {
+                for (int sched : scheds) {
                     kd_kda_onepass_sched(sched);
                     cudaGraph_t gph;
                     cudaGraphExec_t ge;
