@@ -436,23 +436,19 @@ int main(int argc, char **argv) {
     }
     /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
      * first (0), the prologue's inputs first (2), and (3) the inputs first in blocks past the grid's first wave,
-     * each at every window */
-    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1)
-        for (int sched : {0, 2, 3}) {
-            kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3), kd_kda_onepass_sched(sched);
-            printf("path: one-pass verify, loads in order %d at every window\n", sched);
+     * each at every window; then the default order with the L2 prefetch of the next wave's tiles (an
+     * experiment, off by default) */
+    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1) {
+        const int forms[][2] = {{0, 0}, {2, 0}, {3, 0}, {1, 1}}; /* order, L2 prefetch */
+        for (const auto &fm : forms) {
+            kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
+            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_l2_prefetch(fm[1]);
+            if (fm[1]) printf("path: one-pass verify, L2 prefetch of the next wave's tiles\n");
+            else printf("path: one-pass verify, loads in order %d at every window\n", fm[0]);
             for (const Shape &s : shapes) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
                 fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
             }
-        }
-    /* and with the L2 prefetch of the next wave's tiles (an experiment, off by default) */
-    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1) {
-        kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3), kd_kda_onepass_l2_prefetch(1);
-        printf("path: one-pass verify, L2 prefetch of the next wave's tiles\n");
-        for (const Shape &s : shapes) {
-            fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
-            fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
         }
         kd_kda_onepass_l2_prefetch(0);
     }

@@ -50,7 +50,11 @@ int main(int argc, char **argv) {
     if (Bs.empty())
         Bs = {128, 512};
     /* KD_TRACE_T: one window only (1, 2, 4 or 8; default all) */
-    const int only_t = getenv("KD_TRACE_T") ? atoi(getenv("KD_TRACE_T")) : 0;
+    int only_t = 0;
+    if (!env_int("KD_TRACE_T", 1, 8, &only_t) || (only_t && only_t != 1 && only_t != 2 && only_t != 4 && only_t != 8)) {
+        fprintf(stderr, "KD_TRACE_T: 1, 2, 4 or 8\n");
+        return 2;
+    }
     /* KD_TRACE_SCHEDS: the load orders to compare, in turn (default 0,2,0,2; 4: the default order with the L2
      * prefetch of the next wave's tiles, kd_kda_onepass_l2_prefetch) */
     std::vector<int> scheds = {0, 2, 0, 2};
