@@ -1489,7 +1489,7 @@ __device__ __forceinline__ unsigned long long kd_gtime() {
 #define KD_TRACE_PRO(i)
 #endif
 
-template <int K, int NT, bool CS = false, int SCHED = 0, bool PF = false>
+template <int K, int NT, bool CS = false, int SCHED = 0>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
     KD_TRACE_DECL
@@ -1516,21 +1516,10 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
      * after the kernel before has finished, since every first-wave block waits for it) with all of the
      * prologue's inputs loaded before the tile */
     bool later = false;
-    /* PF (kd_kda_onepass_l2_prefetch): each block prefetches into the L2 the state tile of the block one wave
-     * (2 an SM) after it, once its own tile's copies are issued, so that the memory keeps streaming while the
-     * blocks of a wave compute; its row's slot is read here, with the block's own row */
-    int pf_slot = -1;
-    unsigned pf_x = 0, pf_y = 0;
-    if constexpr (SCHED == 3 || PF) {
+    if constexpr (SCHED == 3) {
         unsigned nsm;
         asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-        const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        later = SCHED == 3 && lin >= 2 * nsm;
-        if (PF && lin + 2 * nsm < gridDim.x * gridDim.y * gridDim.z) {
-            const unsigned nx = lin + 2 * nsm;
-            pf_x = nx % gridDim.x, pf_y = nx / gridDim.x % gridDim.y;
-            pf_slot = a.rows[nx / (gridDim.x * gridDim.y)].slot;
-        }
+        later = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) >= 2 * nsm;
     }
     if (SCHED == 1 || later)
         if (tid < 128) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
@@ -1568,13 +1557,6 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
         tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
         cp_async_commit();
-    }
-    if (PF && pf_slot >= 0) { /* 128-byte lines: CB / 32 a row of the tile */
-        const float *S2 = a.state + (size_t)pf_slot * kda_sstride(a) + pf_y * (size_t)K * V + pf_x * CB;
-        for (int i = tid; i < K * (CB / 32); i += NTH) {
-            const int r = i / (CB / 32), l = i % (CB / 32);
-            if (pf_x * CB + l * 32 < (unsigned)V) asm volatile("prefetch.global.L2 [%0];" ::"l"(S2 + (size_t)r * V + l * 32));
-        }
     }
     // (1) the prologue, in two halves
     if (tid < 128) { /* the records (keys and decays): fold weights */
@@ -1805,7 +1787,6 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
  * 2.253; tests/bench/results/logs/hint_h200_d9b32a0.log) */
 int g_store_cs = 1;
 int g_onepass_sched = 1; /* kd_kda_onepass_sched */
-int g_onepass_l2pf;       /* kd_kda_onepass_l2_prefetch */
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
@@ -1817,15 +1798,6 @@ cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     auto f = sched == 1   ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, false, 1>)
              : sched == 3 ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 3> : verify_onepass_kernel<K, NT, false, 3>)
                           : (g_store_cs ? verify_onepass_kernel<K, NT, true, 0> : verify_onepass_kernel<K, NT, false, 0>);
-    /* the L2 prefetch of the next wave's tiles (an experiment, off by default: kd_kda_onepass_l2_prefetch), at
-     * K = 128 in the default orders */
-    if constexpr (K == 128)
-        if (g_onepass_l2pf && g_onepass_sched == 1) {
-            if constexpr (NT == 1)
-                f = g_store_cs ? verify_onepass_kernel<K, NT, true, 1, true> : verify_onepass_kernel<K, NT, false, 1, true>;
-            else
-                f = g_store_cs ? verify_onepass_kernel<K, NT, true, 3, true> : verify_onepass_kernel<K, NT, false, 3, true>;
-        }
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -2084,11 +2056,6 @@ extern "C" int kd_kda_onepass_sched(int sched) {
     if (sched < 0 || sched > 3) return -1;
     const int was = g_onepass_sched;
     g_onepass_sched = sched;
-    return was;
-}
-extern "C" int kd_kda_onepass_l2_prefetch(int on) {
-    const int was = g_onepass_l2pf;
-    g_onepass_l2pf = on != 0;
     return was;
 }
 extern "C" int kd_kda_store_hint(int on) {

@@ -174,10 +174,6 @@ int kd_kda_store_hint(int on);
 // window (tests, benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
 // changes nothing) for a value outside 0..3.
 int kd_kda_onepass_sched(int sched);
-// An experiment, off by default (0): with 1, each block of the one-pass verify (K = 128, the default load
-// orders) prefetches into the L2 the state tile of the block one wave after it. Returns the setting it
-// replaces.
-int kd_kda_onepass_l2_prefetch(int on);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

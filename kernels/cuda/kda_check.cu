@@ -296,7 +296,6 @@ struct Timed {
     ResField dst;
     const char *sweep;
     int sched = 1; /* kd_kda_onepass_sched */
-    int pf = 0;    /* kd_kda_onepass_l2_prefetch */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -326,10 +325,6 @@ static const Timed kTimed[] = {
     {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, tile first", 0},
     {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, tile first", 0},
     {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, tile first", 0},
-    /* the one-pass verify with the L2 prefetch of the next wave's tiles (an experiment; printed only) */
-    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, L2 prefetch", 1, 1},
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, L2 prefetch", 1, 1},
-    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, L2 prefetch", 1, 1},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -436,22 +431,16 @@ int main(int argc, char **argv) {
     }
     /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
      * first (0), the prologue's inputs first (2), and (3) the inputs first in blocks past the grid's first wave,
-     * each at every window; then the default order with the L2 prefetch of the next wave's tiles (an
-     * experiment, off by default) */
-    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1) {
-        const int forms[][2] = {{0, 0}, {2, 0}, {3, 0}, {1, 1}}; /* order, L2 prefetch */
-        for (const auto &fm : forms) {
-            kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
-            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_l2_prefetch(fm[1]);
-            if (fm[1]) printf("path: one-pass verify, L2 prefetch of the next wave's tiles\n");
-            else printf("path: one-pass verify, loads in order %d at every window\n", fm[0]);
+     * each at every window */
+    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1)
+        for (int sched : {0, 2, 3}) {
+            kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3), kd_kda_onepass_sched(sched);
+            printf("path: one-pass verify, loads in order %d at every window\n", sched);
             for (const Shape &s : shapes) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
                 fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
             }
         }
-        kd_kda_onepass_l2_prefetch(0);
-    }
     kd_kda_onepass_sched(g_sched_default);
     kd_kda_force_r(0);
     kd_kda_tensor_cores(0, 0);
@@ -558,7 +547,6 @@ int main(int argc, char **argv) {
                 kd_kda_onepass_pdl(w.onepass_pdl);
                 kd_kda_store_hint(w.hint);
                 kd_kda_onepass_sched(w.sched);
-                kd_kda_onepass_l2_prefetch(w.pf);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -597,7 +585,6 @@ int main(int argc, char **argv) {
             kd_kda_force_r(0);
             kd_kda_store_hint(1);
             kd_kda_onepass_sched(g_sched_default);
-            kd_kda_onepass_l2_prefetch(0);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);

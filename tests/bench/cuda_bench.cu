@@ -17,9 +17,6 @@
 //   plain or evict-first (the default; kd_kda_store_hint), alternated over 5 rounds (printed only).
 //   KD_BENCH_SCHED=0|2|3 cuda_bench ...: only steps of 4-128 requests, the one-pass verify's loads in that order
 //   (kd_kda_onepass_sched: 0 the state tile first) or the default order, alternated over 5 rounds (printed only).
-//   KD_BENCH_L2PF=1 cuda_bench ...: only steps of 8-128 requests, the one-pass verify with and without the L2
-//   prefetch of the next wave's state tiles (kd_kda_onepass_l2_prefetch, an experiment), alternated over 5
-//   rounds (printed only).
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
@@ -433,18 +430,6 @@ int main(int argc, char **argv) {
                       kd_kda_onepass_sched(m ? 1 : alt);
                       kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
                   });
-        kd_engine_free(e);
-        kd_backend_free(be);
-        return 0;
-    }
-    if (getenv("KD_BENCH_L2PF")) { /* the one-pass verify's L2 prefetch of the next wave's tiles (an experiment) */
-        const int pts[][2] = {{32, 0}, {32, 3}, {64, 3}, {128, 0}, {128, 3}, {8, 3}};
-        ab_rounds(be, VOC, "l2pf", pts, sizeof pts / sizeof pts[0], "without", "the next wave's tiles prefetched",
-                  "without", [](kd_backend *x, int m) {
-                      kd_kda_onepass_l2_prefetch(m);
-                      kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
-                  });
-        kd_kda_onepass_l2_prefetch(0);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -55,16 +55,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "KD_TRACE_T: 1, 2, 4 or 8\n");
         return 2;
     }
-    /* KD_TRACE_SCHEDS: the load orders to compare, in turn (default 0,2,0,2; 4: the default order with the L2
-     * prefetch of the next wave's tiles, kd_kda_onepass_l2_prefetch) */
+    /* KD_TRACE_SCHEDS: the load orders to compare, in turn (default 0,2,0,2) */
     std::vector<int> scheds = {0, 2, 0, 2};
     if (const char *e = getenv("KD_TRACE_SCHEDS")) {
         scheds.clear();
         for (const char *q = e; *q;) {
             char *end;
             const long v = strtol(q, &end, 10);
-            if (end == q || v < 0 || v > 4) {
-                fprintf(stderr, "KD_TRACE_SCHEDS: a comma-separated list of 0..4\n");
+            if (end == q || v < 0 || v > 3) {
+                fprintf(stderr, "KD_TRACE_SCHEDS: a comma-separated list of 0..3\n");
                 return 2;
             }
             scheds.push_back((int)v);
@@ -126,8 +125,7 @@ int main(int argc, char **argv) {
                     rows[r] = {r, r * T, T, step == 1 ? 2 * T : T, 0, 0, step == 0, nullptr};
                 CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
                 for (int sched : scheds) {
-                    kd_kda_onepass_sched(sched == 4 ? 1 : sched);
-                    kd_kda_onepass_l2_prefetch(sched == 4); /* 4: the default order with the L2 prefetch */
+                    kd_kda_onepass_sched(sched);
                     cudaGraph_t gph;
                     cudaGraphExec_t ge;
                     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -183,7 +181,6 @@ int main(int argc, char **argv) {
                     cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
                 }
                 kd_kda_onepass_sched(1);
-                kd_kda_onepass_l2_prefetch(0);
             }
         for (float *b : bufs)
             cudaFree(b);
