@@ -1338,7 +1338,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // key/decay records); after the block's barrier the window half adds the sums into M and N
 // (a named barrier of that half alone, before, left racecheck reporting hazards across the
 // block's later barriers). Then each warp takes its 16 columns of the state into registers
-// (the mma accumulator layout), folds, stores, and runs the window product; the solve
+// (the mma accumulator layout), folds, stores, and runs the window product, each over the
+// tile's first half of key channels while the second lands, then over the second (a row that
+// keeps its checkpoint at a window of 3-4 skips the fold's mma: onepass_ff_g); the solve
 // follows. Nothing goes through a work space in device memory.
 // Launched as a programmatic dependent (kd_kda_onepass_pdl): the state tile, the fold's
 // corrections and v (written two or more kernels back, or by earlier steps) are in flight
@@ -1388,15 +1390,16 @@ __device__ __forceinline__ void cc_fold(float (&s)[KT][4], const float *cpF, con
     }
 }
 // P [value column][17] columns vl, vl + 1, rows n < 2T <= 4 of A [n][K + 8] (the window's
-// decayed keys, then queries): the lane's 32 rows, then the 4 lanes of its column pair.
-template <int KT>
-__device__ __forceinline__ void cc_window(const float (&s)[KT][4], const float *aw, int KP, int T, float *P, int vl,
-                                          int q) {
-    float acc[2][4];
+// decayed keys, then queries): the lane's rows of key tiles [KT0, KT1) into acc (zeroed first when
+// zero), then the 4 lanes of its column pair (cc_window_put).
+template <int KT, int KT0, int KT1>
+__device__ __forceinline__ void cc_window_acc(const float (&s)[KT][4], const float *aw, int KP, int T,
+                                              float (&acc)[2][4], int q, bool zero) {
+    if (zero)
 #pragma unroll
-    for (int n = 0; n < 4; n++) acc[0][n] = acc[1][n] = 0.f;
+        for (int n = 0; n < 4; n++) acc[0][n] = acc[1][n] = 0.f;
 #pragma unroll
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = KT0; kt < KT1; kt++) {
         const int r = kt * 8 + 2 * q;
 #pragma unroll
         for (int n = 0; n < 4; n++) {
@@ -1406,6 +1409,9 @@ __device__ __forceinline__ void cc_window(const float (&s)[KT][4], const float *
             acc[1][n] = fmaf(s[kt][3], x.y, fmaf(s[kt][2], x.x, acc[1][n]));
         }
     }
+}
+/* the 4 lanes' sums of a column pair into P */
+__device__ __forceinline__ void cc_window_put(float (&acc)[2][4], int T, float *P, int vl, int q) {
 #pragma unroll
     for (int n = 0; n < 4; n++) {
         if (n >= 2 * T) break;
@@ -1451,6 +1457,72 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
      * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
+}
+
+// The fold-free kept step: a row that keeps its checkpoint (the lazy checkpoint) needs the folded
+// state S_F = diag(cpF) S + W^T U (fold weights W [F][K], corrections U [F][V]) only through the
+// window product S_F^T A^T = (diag(cpF) S)^T A^T + U^T (W A^T), so the state is only scaled and the
+// rank-F term enters the product through G = W A^T [F][2T] (here) and one more mma a record tile
+// (onepass_ff_add), instead of an mma a record tile and key tile. Taken at windows of 3-4 (NT = 1)
+// with folds of 3 or more (smaller ones fold on the CUDA cores). Measured on an H100 (kda_check, kept
+// steps, the same build with and without): T = 4 2.8-5.1 % faster from B = 8 (B = 128 146.7 -> 139.7
+// us), T = 1-2 unchanged (not taken); at windows of 5-8 it was 6-9 % slower (B = 128 T = 8 190.1 ->
+// 206.5 us; not understood), so not taken there; 48B steps within +-1 %, the noise of that
+// benchmark (tests/bench/results/logs/fold_free_h100_23eab87.log). G [16][17] from W [F][K + 8] and
+// A [2T][K + 8] in shared memory: 8 threads an entry, 4 channels at a time, then their sums by
+// shuffles.
+template <int K>
+__device__ __forceinline__ void onepass_ff_g(const float *wf, const float *aw, int F, int T, float *G, int tid) {
+    constexpr int KP = K + 8;
+    const int E = F * 2 * T, j = tid % 8;
+    for (int e0 = 0; e0 < E; e0 += 32) { /* 32 entries a pass (256 threads); the whole warp shuffles */
+        const int e = e0 + tid / 8;
+        float x = 0.f;
+        if (e < E) {
+            const float *w = wf + e / (2 * T) * KP, *b = aw + e % (2 * T) * KP;
+#pragma unroll
+            for (int m = 0; m < K / 32; m++) {
+                const float4 u = *(const float4 *)(w + m * 32 + j * 4), v = *(const float4 *)(b + m * 32 + j * 4);
+                x = fmaf(u.x, v.x, fmaf(u.y, v.y, fmaf(u.z, v.z, fmaf(u.w, v.w, x))));
+            }
+        }
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        if (e < E && j == 0) G[e / (2 * T) * 17 + e % (2 * T)] = x;
+    }
+}
+// acc[0] += U^T G for the warp's columns vl, vl + 1 (rows of G past F and columns past 2T read as 0)
+template <int NT>
+__device__ __forceinline__ void onepass_ff_add(float (&acc)[4][NT][4], const float *su, int UP, const float *G, int F,
+                                               int T, int vl, int g, int q) {
+#pragma unroll
+    for (int ft = 0; ft < 2; ft++) {
+        if (ft * 8 >= F) break;
+        const int t0 = ft * 8 + q;
+        float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
+        if (t0 < F) x = *(const float2 *)(su + t0 * UP + vl);
+        if (t0 + 4 < F) y = *(const float2 *)(su + (t0 + 4) * UP + vl);
+        frag_a u;
+        u.set(x.x, x.y, y.x, y.y);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = nt * 8 + g;
+            const float b0 = t0 < F && n < 2 * T ? G[t0 * 17 + n] : 0.f;
+            const float b1 = t0 + 4 < F && n < 2 * T ? G[(t0 + 4) * 17 + n] : 0.f;
+            uint32_t h0, h1, l0, l1;
+            split2(b0, b1, h0, h1, l0, l1);
+            mma3(acc[0][nt], u, h0, h1, l0, l1);
+        }
+    }
+}
+template <int KT, int KT0, int KT1>
+__device__ __forceinline__ void scale_keys(float (&s)[KT][4], const float *cpF, int q) {
+#pragma unroll
+    for (int kt = KT0; kt < KT1; kt++) {
+        const float2 cc = *(const float2 *)(cpF + kt * 8 + 2 * q);
+        s[kt][0] *= cc.x, s[kt][1] *= cc.y, s[kt][2] *= cc.x, s[kt][3] *= cc.y;
+    }
 }
 
 #ifdef KD_KDA_TRACE
@@ -1589,9 +1661,12 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
             }
     }
     KD_TRACE_PRO(0)
-    /* small folds and windows on the CUDA cores (cc_fold, cc_window) read only the rows they use;
+    /* small folds and windows on the CUDA cores (cc_fold, cc_window_acc) read only the rows they use;
      * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
     const bool ccf = F <= 2, ccw = T <= 2;
+    /* the fold-free kept step (onepass_ff_g; block-uniform) at windows of 3-4 with folds of 3 or more */
+    const bool ff = NT == 1 && row.keep && !ccf && !ccw;
+    float *G = red; /* [16][17]: red's first 4 warps' part is unused */
     if (!ccf)
         for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
     if (!ccw)
@@ -1610,28 +1685,44 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         }
         M[c] = x; /* M and N are contiguous */
     }
-    // (2) per warp: 16 columns of S^T into registers, fold, store (the first half of the key
-    // channels while the second lands), window product
+    if (ff) onepass_ff_g<K>(wf, aw, F, T, G, tid); /* read after the next barrier */
+    // (2) per warp: 16 columns of S^T into registers, fold, store, window product (the first half of
+    // the key channels while the second lands)
     const int vl = warp * 16 + 2 * g;
     const bool live = j0 + vl < V;
     float s[KT][4];
     tile_to_regs<KT, SP, 0, KT / 2>(s, st, vl, q);
-    if (F > 0) {
+    if (ff) scale_keys<KT, 0, KT / 2>(s, cpF, q);
+    else if (F > 0) {
         if (ccf) cc_fold<KT, 0, KT / 2>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, 0, KT / 2>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live && !row.keep) tc_store<KT / 2, 0, CS>(*(float(*)[KT / 2][4])s, S, V, j0 + vl, q);
     }
+    /* the window product over the first half's key channels now, while the second half lands (the same
+     * sums in the same order as in one product after it; measured on an H100 against one product after the
+     * second half: the lazy checkpoint's kept steps 0-3.8 % faster, written steps 0-1.2 %, 48B steps
+     * 0.1-1.1 %, nowhere slower; tests/bench/results/logs/early_window_h100_23eab87.log. It also left
+     * ptxas no spills in the K = 128 forms, which had 4-16 bytes) */
+    float acc[4][NT][4];
+    float cacc[2][4];
+    if (ccw) cc_window_acc<KT, 0, KT / 2>(s, aw, KP, T, cacc, q, true);
+    else tc_window_zero<NT>(acc), tc_window_acc<K, NT, 0, KT / 2>(s, smem_bfrag<K>{aw, g, q}, acc);
     cp_async_wait();
     __syncthreads();
     KD_TRACE_AT(2)
     tile_to_regs<KT, SP, KT / 2, KT>(s, st, vl, q);
-    if (F > 0) {
+    if (ff) scale_keys<KT, KT / 2, KT>(s, cpF, q);
+    else if (F > 0) {
         if (ccf) cc_fold<KT, KT / 2, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
         else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live && !row.keep) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
     }
-    if (ccw) cc_window<KT>(s, aw, KP, T, P, vl, q);
-    else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
+    if (ccw) cc_window_acc<KT, KT / 2, KT>(s, aw, KP, T, cacc, q, false), cc_window_put(cacc, T, P, vl, q);
+    else {
+        tc_window_acc<K, NT, KT / 2, KT>(s, smem_bfrag<K>{aw, g, q}, acc);
+        if (ff) onepass_ff_add<NT>(acc, su, UP, G, F, T, vl, g, q);
+        tc_window_put<NT>(acc, P, vl, q);
+    }
     __syncthreads();
     // (3) per value column: the triangular solve
     if (tid < CB && j0 + tid < V)
