@@ -1216,6 +1216,26 @@ __host__ __device__ constexpr int tc_split_smem(int K, int NW, int NT, int FR, b
 }
 
 
+// s <- S0^T diag(cpF) for key tiles [KT0, KT1) of the lane's tile
+template <int KT, int KT0, int KT1>
+__device__ __forceinline__ void scale_keys(float (&s)[KT][4], const float *cpF, int q) {
+#pragma unroll
+    for (int kt = KT0; kt < KT1; kt++) {
+        const float2 cc = *(const float2 *)(cpF + kt * 8 + 2 * q);
+        s[kt][0] *= cc.x, s[kt][1] *= cc.y, s[kt][2] *= cc.x, s[kt][3] *= cc.y;
+    }
+}
+// The U^T fragment of record tile ft from U [t][UP]: rows v = vl, vl + 1; columns t = 8ft + q,
+// 8ft + q + 4 (0 past F)
+__device__ __forceinline__ frag_a records_frag(const float *su, int UP, int F, int ft, int vl, int q) {
+    const int t0 = ft * 8 + q;
+    float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
+    if (t0 < F) x = *(const float2 *)(su + t0 * UP + vl);
+    if (t0 + 4 < F) y = *(const float2 *)(su + (t0 + 4) * UP + vl);
+    frag_a u;
+    u.set(x.x, x.y, y.x, y.y);
+    return u;
+}
 // The fold from shared memory: s (the lane's S0^T tile) <- S0^T diag(cpF) + U^T Wf, with
 // U [t][UP] (value columns vl, vl + 1 of records t < F) and Wf [t][K + 8] in fp32 (split
 // into tf32 hi / lo here).
@@ -1223,21 +1243,11 @@ template <int K, int KT0 = 0, int KT1 = K / 8> /* key tiles [KT0, KT1) */
 __device__ __forceinline__ void tc_fold_smem(float (&s)[K / 8][4], const float *cpF, const float *su, int UP,
                                              const float *wf, int F, int vl, int g, int q) {
     constexpr int KP = K + 8;
-#pragma unroll
-    for (int kt = KT0; kt < KT1; kt++) {
-        const float2 cc = *(const float2 *)(cpF + kt * 8 + 2 * q);
-        s[kt][0] *= cc.x, s[kt][1] *= cc.y, s[kt][2] *= cc.x, s[kt][3] *= cc.y;
-    }
+    scale_keys<K / 8, KT0, KT1>(s, cpF, q);
 #pragma unroll
     for (int ft = 0; ft < 2; ft++) {
         if (ft * 8 >= F) break;
-        /* U^T fragment: rows v = vl, vl + 1; columns t = 8ft + q, 8ft + q + 4 (0 past F) */
-        const int t0 = ft * 8 + q;
-        float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
-        if (t0 < F) x = *(const float2 *)(su + t0 * UP + vl);
-        if (t0 + 4 < F) y = *(const float2 *)(su + (t0 + 4) * UP + vl);
-        frag_a u;
-        u.set(x.x, x.y, y.x, y.y);
+        const frag_a u = records_frag(su, UP, F, ft, vl, q);
         const int r0 = (ft * 8 + q) * KP, r1 = r0 + 4 * KP;
 #pragma unroll
         for (int kt = KT0; kt < KT1; kt++) {
@@ -1500,11 +1510,7 @@ __device__ __forceinline__ void onepass_ff_add(float (&acc)[4][NT][4], const flo
     for (int ft = 0; ft < 2; ft++) {
         if (ft * 8 >= F) break;
         const int t0 = ft * 8 + q;
-        float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
-        if (t0 < F) x = *(const float2 *)(su + t0 * UP + vl);
-        if (t0 + 4 < F) y = *(const float2 *)(su + (t0 + 4) * UP + vl);
-        frag_a u;
-        u.set(x.x, x.y, y.x, y.y);
+        const frag_a u = records_frag(su, UP, F, ft, vl, q);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int n = nt * 8 + g;
@@ -1514,14 +1520,6 @@ __device__ __forceinline__ void onepass_ff_add(float (&acc)[4][NT][4], const flo
             split2(b0, b1, h0, h1, l0, l1);
             mma3(acc[0][nt], u, h0, h1, l0, l1);
         }
-    }
-}
-template <int KT, int KT0, int KT1>
-__device__ __forceinline__ void scale_keys(float (&s)[KT][4], const float *cpF, int q) {
-#pragma unroll
-    for (int kt = KT0; kt < KT1; kt++) {
-        const float2 cc = *(const float2 *)(cpF + kt * 8 + 2 * q);
-        s[kt][0] *= cc.x, s[kt][1] *= cc.y, s[kt][2] *= cc.x, s[kt][3] *= cc.y;
     }
 }
 
