@@ -89,8 +89,8 @@
 // one token where the longest is 4: every 8th). Per (row, value head) and step at F = T, a write
 // every other step, the state then costs 64 + 32 KiB on average instead of 128 (records: the
 // written step reads 2T of them): measured on
-// an H200, T = 1 at 0.88-0.99 x the copy from B = 64 (1.11-1.21 x writing every step), T = 2 at
-// 0.98-1.11 x, T = 4 at 1.16-1.30 x (tests/bench/results/kda_h200.md, "lazy x2").
+// an H200, T = 1 at 0.89-0.99 x the copy from B = 64 (1.10-1.21 x writing every step), T = 2 at
+// 1.00-1.12 x, T = 4 at 1.14-1.28 x, T = 8 at 1.53-1.73 x (tests/bench/results/kda_h200.md, "lazy x2").
 #ifndef KD_CUDA_KDA_CUH
 #define KD_CUDA_KDA_CUH
 
