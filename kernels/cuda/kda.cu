@@ -1559,7 +1559,10 @@ __device__ __forceinline__ unsigned long long kd_gtime() {
 #define KD_TRACE_PRO(i)
 #endif
 
-template <int K, int NT, bool CS = false, int SCHED = 0>
+/* VAR (kd_kda_onepass_small_form; an experiment for launches whose windows are all of 1-2 tokens, where the
+ * fold-free kept step is never taken): 0 the default form, 1 without the fold-free step's code, 2 without it
+ * and without the early window (the window product after the tile's second half, as before ad1d8c1) */
+template <int K, int NT, bool CS = false, int SCHED = 0, int VAR = 0>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
     KD_TRACE_DECL
@@ -1663,7 +1666,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
      * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
     const bool ccf = F <= 2, ccw = T <= 2;
     /* the fold-free kept step (onepass_ff_g; block-uniform) at windows of 3-4 with folds of 3 or more */
-    const bool ff = NT == 1 && row.keep && !ccf && !ccw;
+    const bool ff = VAR == 0 && NT == 1 && row.keep && !ccf && !ccw;
     float *G = red; /* [16][17]: red's first 4 warps' part is unused */
     if (!ccf)
         for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
@@ -1703,8 +1706,10 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
      * ptxas no spills in the K = 128 forms, which had 4-16 bytes) */
     float acc[4][NT][4];
     float cacc[2][4];
-    if (ccw) cc_window_acc<KT, 0, KT / 2>(s, aw, KP, T, cacc, q, true);
-    else tc_window_zero<NT>(acc), tc_window_acc<K, NT, 0, KT / 2>(s, smem_bfrag<K>{aw, g, q}, acc);
+    if constexpr (VAR != 2) {
+        if (ccw) cc_window_acc<KT, 0, KT / 2>(s, aw, KP, T, cacc, q, true);
+        else tc_window_zero<NT>(acc), tc_window_acc<K, NT, 0, KT / 2>(s, smem_bfrag<K>{aw, g, q}, acc);
+    }
     cp_async_wait();
     __syncthreads();
     KD_TRACE_AT(2)
@@ -1715,7 +1720,10 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         else tc_fold_smem<K, KT / 2, KT>(s, cpF, su, UP, wf, F, vl, g, q);
         if (live && !row.keep) tc_store<KT, KT / 2, CS>(s, S, V, j0 + vl, q);
     }
-    if (ccw) cc_window_acc<KT, KT / 2, KT>(s, aw, KP, T, cacc, q, false), cc_window_put(cacc, T, P, vl, q);
+    if constexpr (VAR == 2) {
+        if (ccw) cc_window_acc<KT, 0, KT>(s, aw, KP, T, cacc, q, true), cc_window_put(cacc, T, P, vl, q);
+        else tc_window_smem<K, NT>(s, aw, P, vl, g, q);
+    } else if (ccw) cc_window_acc<KT, KT / 2, KT>(s, aw, KP, T, cacc, q, false), cc_window_put(cacc, T, P, vl, q);
     else {
         tc_window_acc<K, NT, KT / 2, KT>(s, smem_bfrag<K>{aw, g, q}, acc);
         if (ff) onepass_ff_add<NT>(acc, su, UP, G, F, T, vl, g, q);
@@ -1876,9 +1884,10 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
  * 2.253; tests/bench/results/logs/hint_h200_d9b32a0.log) */
 int g_store_cs = 1;
 int g_onepass_sched = 1; /* kd_kda_onepass_sched */
+int g_onepass_small;      /* kd_kda_onepass_small_form */
 
 template <int K, int NT>
-cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
+cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
     /* by default the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1), and for longer
      * ones the tile first in the grid's first wave and the inputs first after it (SCHED 3); see the kernel's
@@ -1887,6 +1896,13 @@ cudaError_t launch_verify_onepass(const kd_kda_args *a, cudaStream_t s) {
     auto f = sched == 1   ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, false, 1>)
              : sched == 3 ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 3> : verify_onepass_kernel<K, NT, false, 3>)
                           : (g_store_cs ? verify_onepass_kernel<K, NT, true, 0> : verify_onepass_kernel<K, NT, false, 0>);
+    /* the small-window forms (an experiment, off by default: kd_kda_onepass_small_form), K = 128, the default
+     * order, launches whose windows are all of 1-2 tokens */
+    if constexpr (K == 128 && NT == 1)
+        if (g_onepass_small && g_onepass_sched == 1 && max_len <= 2)
+            f = g_onepass_small == 1
+                    ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 1, 1> : verify_onepass_kernel<K, NT, false, 1, 1>)
+                    : (g_store_cs ? verify_onepass_kernel<K, NT, true, 1, 2> : verify_onepass_kernel<K, NT, false, 1, 2>);
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -1912,7 +1928,7 @@ int dispatch_tc(const kd_kda_args *a, bool commit, int max_len, cudaStream_t s) 
     const int nw = tc_warps(a);
     const int form = commit || g_tc != 1 ? FORM_ONE_KERNEL : verify_form(a);
     if (form == FORM_ONE_PASS)
-        return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, s) : launch_verify_onepass<K, 1>(a, s));
+        return (int)(max_len > 4 ? launch_verify_onepass<K, 2>(a, max_len, s) : launch_verify_onepass<K, 1>(a, max_len, s));
     if (form == FORM_SPLIT_HALF || (form == FORM_SPLIT && g_split == 1 && nw == 4)) /* forced: the default from B = 32 until the records were prepared */
         return (int)(max_len > 4 ? launch_verify_split<K, 4, 2, 5, true>(a, s) : launch_verify_split<K, 4, 1, 6, true>(a, s));
     if (form == FORM_SPLIT) {
@@ -2141,6 +2157,12 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
+extern "C" int kd_kda_onepass_small_form(int form) {
+    if (form < 0 || form > 2) return -1;
+    const int was = g_onepass_small;
+    g_onepass_small = form;
+    return was;
+}
 extern "C" int kd_kda_onepass_sched(int sched) {
     if (sched < 0 || sched > 3) return -1;
     const int was = g_onepass_sched;

@@ -174,6 +174,11 @@ int kd_kda_store_hint(int on);
 // window (tests, benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
 // changes nothing) for a value outside 0..3.
 int kd_kda_onepass_sched(int sched);
+// An experiment, off by default (0), for launches of the one-pass verify (K = 128, the default order) whose
+// windows are all of 1-2 tokens: 1 takes a form without the fold-free kept step's code (never taken there),
+// 2 one without it and without the early window. Returns the setting it replaces, or -1 (and changes nothing)
+// for a value outside 0..2.
+int kd_kda_onepass_small_form(int form);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by
