@@ -1374,8 +1374,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // T = 8: the lazy checkpoint's mean step 0.7-2.5 % faster from B = 32 (B = 64 125.1 -> 122.0 us), deferred
 // steps within -1.7 / +1.0 %. At T <= 4 SCHED 3 was slower than SCHED 1 (B = 128 kept steps T = 4
 // 175.1 -> 191.7 us in the trace probe, 48B steps up to 4.4 %: logs/onepass_sched3_h100_e980118.log).
-// ptxas reports 8 bytes of spills in the SCHED 1 form, 16 in SCHED 3's (none in SCHED 0), included in
-// the times above.
+// ptxas reported 8 bytes of spills in the SCHED 1 form, 16 in SCHED 3's (none in SCHED 0), included in
+// the times above; none in any K = 128 form since the early window (ad1d8c1).
 
 // Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
 // value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
@@ -1467,6 +1467,65 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     /* state [K][132], corrections [FR][136], v [8][128], beta, fold weights [FR][K + 8], cpF,
      * window keys / queries [NT * 8][K + 8], M and N, partial sums [8 warps][16 + 128], P [128][17] */
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
+}
+
+// The one-pass verify's prologue (threads [0, 128): c = tid, [128, 256): c = tid - 128), shared with the
+// warp-specialized form. The fold half: the fold weights W [F][K + 8] and cpF from the records' keys and
+// decays.
+template <int K>
+__device__ __forceinline__ void onepass_fold_weights(const float (&kr)[16], const float (&d)[16], int F, int c,
+                                                     bool act, float *wf, float *cpF) {
+    float p = 1.f;
+#pragma unroll
+    for (int t = 15; t >= 0; t--)
+        if (t < F) {
+            if (act) wf[t * (K + 8) + c] = kr[t] * p;
+            p *= d[t];
+        }
+    if (act) cpF[c] = p;
+}
+// The window half: the new key/decay records (by the head's first block, first), the warps' sums for M and
+// N (into mn), the decayed keys and queries A [2T][K + 8].
+template <int K>
+__device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int h,
+                                                    int T, int c, bool act, bool first, const float (&kw)[8],
+                                                    const float (&qw)[8], const float (&dw)[8], int lane, float *mn,
+                                                    float *aw) {
+    float *kg_new = kg_new_base(a, row, slot, K);
+    if (first && act)
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < T) {
+                float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
+                r[c] = kw[t], r[K + c] = dw[t];
+            }
+    window_sums(kw, qw, dw, T, lane, mn);
+    float b = 1.f;
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t < T) {
+            b *= dw[t];
+            if (act) aw[t * (K + 8) + c] = kw[t] * b, aw[(T + t) * (K + 8) + c] = qw[t] * b;
+        }
+}
+// The rows past F and 2T zeroed for the mma, which reads whole 8-row tiles (small folds and windows on the
+// CUDA cores read only the rows they use)
+template <int K, int NT>
+__device__ __forceinline__ void onepass_pad(float *wf, float *aw, int F, int T, bool ccf, bool ccw, int tid) {
+    if (!ccf)
+        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += 256) wf[i / K * (K + 8) + i % K] = 0.f;
+    if (!ccw)
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += 256) aw[i / K * (K + 8) + i % K] = 0.f;
+}
+// M, N from the window warps' sums (red [8][144], warps 4-7): 128 entries, one per thread c of the window half
+__device__ __forceinline__ void onepass_mn(const float *red, float *M, int c, int T) {
+    const int t = c % 64 / 8, r = c % 8;
+    float x = 0.f;
+    if (r <= t && t < T) {
+        const int i = 16 + c / 64 * 64 + t * 8 + r;
+        x = (red[4 * 144 + i] + red[5 * 144 + i]) + (red[6 * 144 + i] + red[7 * 144 + i]);
+    }
+    M[c] = x; /* M and N are contiguous */
 }
 
 // The fold-free kept step: a row that keeps its checkpoint (the lazy checkpoint) needs the folded
@@ -1634,58 +1693,23 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     // (1) the prologue, in two halves
     if (tid < 128) { /* the records (keys and decays): fold weights */
         if (SCHED == 0 || (SCHED == 3 && !later)) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
-        float p = 1.f;
-#pragma unroll
-        for (int t = 15; t >= 0; t--)
-            if (t < F) {
-                if (act) wf[t * KP + c] = kr[t] * p;
-                p *= d[t];
-            }
-        if (act) cpF[c] = p;
+        onepass_fold_weights<K>(kr, d, F, c, act, wf, cpF);
     } else { /* the window: decayed keys and queries, M and N; the new records */
         if (SCHED == 0 || (SCHED == 3 && !later)) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
-        float *kg_new = kg_new_base(a, row, slot, K);
-        if (blockIdx.x == 0 && act)
-#pragma unroll
-            for (int t = 0; t < 8; t++)
-                if (t < T) {
-                    float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
-                    r[c] = kw[t], r[K + c] = dw[t];
-                }
-        window_sums(kw, qw, dw, T, lane, red + warp * NR + 16);
-        float b = 1.f;
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-            if (t < T) {
-                b *= dw[t];
-                if (act) aw[t * KP + c] = kw[t] * b, aw[(T + t) * KP + c] = qw[t] * b;
-            }
+        onepass_window_prep<K>(a, row, slot, h, T, c, act, blockIdx.x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
     }
     KD_TRACE_PRO(0)
-    /* small folds and windows on the CUDA cores (cc_fold, cc_window_acc) read only the rows they use;
-     * the mma reads whole 8-row tiles, so the rows past F and 2T are zeroed for it */
+    /* small folds and windows on the CUDA cores (cc_fold, cc_window_acc) */
     const bool ccf = F <= 2, ccw = T <= 2;
     /* the fold-free kept step (onepass_ff_g; block-uniform) at windows of 3-4 with folds of 3 or more */
     const bool ff = VAR == 0 && NT == 1 && row.keep && !ccf && !ccw;
     float *G = red; /* [16][17]: red's first 4 warps' part is unused */
-    if (!ccf)
-        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += NTH) wf[i / K * KP + i % K] = 0.f;
-    if (!ccw)
-        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += NTH) aw[i / K * KP + i % K] = 0.f;
+    onepass_pad<K, NT>(wf, aw, F, T, ccf, ccw, tid);
     if (tid < T) sb[tid] = bload;
     cp_async_wait1();
     __syncthreads();
     KD_TRACE_AT(1)
-    if (tid >= 128) { /* M, N from the window warps' sums: 128 entries, one per thread of the half
-                       * (read by the solve, after two more barriers) */
-        const int t = c % 64 / 8, r = c % 8;
-        float x = 0.f;
-        if (r <= t && t < T) {
-            const int i = 16 + c / 64 * 64 + t * 8 + r;
-            x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
-        }
-        M[c] = x; /* M and N are contiguous */
-    }
+    if (tid >= 128) onepass_mn(red, M, c, T); /* read by the solve, after two more barriers */
     if (ff) onepass_ff_g<K>(wf, aw, F, T, G, tid); /* read after the next barrier */
     // (2) per warp: 16 columns of S^T into registers, fold, store, window product (the first half of
     // the key channels while the second lands)
@@ -1734,6 +1758,145 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     if (tid < CB && j0 + tid < V)
         tc_solve_column(a, (size_t)row.start, slot * Tw + rec_off(row), h, T, CB, tid, j0 + tid, sv, sb, P, M, N);
     KD_TRACE_END
+}
+
+// ------------------------------------------------ warp-specialized one-pass verify (an experiment)
+// kd_kda_onepass_ws(1), off by default, K = 128 with V a multiple of 128 (else the one-pass verify):
+// the one-pass verify's work (prologue, fold, window, solve, unchanged) in a persistent grid of one
+// block an SM, 8 consumer warps and a producer warp. The producer streams each tile's state (128
+// rows of 512 bytes), corrections and v into a two-stage ring in shared memory by bulk copies
+// (cp.async.bulk, completing on the stage's "full" mbarrier) while the consumers compute the tile
+// before; the consumers free a stage on its "empty" mbarrier once they have read it. The aim: the
+// traces show the one-pass verify's blocks (2 an SM, bound by their registers) loading and then
+// computing in lockstep waves, the memory idle while they compute; here the next tile's bytes
+// stream during the compute. Shared memory (K = 128, records for 16 tokens, windows of 5-8):
+// 2 x (66 KiB state + 8.5 KiB corrections + 4 KiB v) + the one-pass verify's other arrays,
+// about 188 KiB: one block an SM, 288 threads, up to 224 registers a thread.
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(
+                     smem_addr(b)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    asm volatile("{\n\t.reg .pred p;\n\tWAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra WAIT_%=;\n\t}" ::"r"(smem_addr(b)),
+                 "r"(parity)
+                 : "memory");
+}
+/* bytes (a multiple of 16, both ends 16-byte aligned) from global to shared memory, completing on b */
+__device__ __forceinline__ void bulk_to_smem(float *dst, const float *src, uint32_t bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(b))
+                 : "memory");
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+__host__ __device__ constexpr int ws_stage_floats(int K, int FR) { return K * 132 + FR * 136 + 8 * 128; }
+__host__ __device__ constexpr int ws_smem_floats(int K, int NT, int FR) {
+    /* two stages, beta, fold weights, cpF, window keys / queries, M and N, partial sums, P; the 4 mbarriers after */
+    return 2 * ws_stage_floats(K, FR) + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
+}
+
+template <int K, int NT, bool CS>
+__global__ void __launch_bounds__(288, 1) verify_ws_kernel(const kd_kda_args a) {
+    extern __shared__ __align__(16) float smem[];
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
+    const int V = a.V, Tw = a.Tw, FR = (Tw + 7) / 8 * 8, nx = V / CB, tid = threadIdx.x;
+    const int SZ = ws_stage_floats(K, FR), n_tiles = nx * a.HV * a.n_rows;
+    float *sb = smem + 2 * SZ, *wf = sb + 16, *cpF = wf + FR * KP, *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64,
+          *red = N + 64, *P = red + 8 * NR;
+    uint64_t *full = (uint64_t *)(P + CB * 17), *empty = full + 2; /* an even float offset: 8-byte aligned */
+    if (tid == 0) {
+        mbar_init(&full[0], 1), mbar_init(&full[1], 1), mbar_init(&empty[0], NTH), mbar_init(&empty[1], NTH);
+        asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid >= NTH) { /* the producer warp: tile after tile into the ring (nothing it reads is the kernel before's) */
+        const int lane = tid - NTH;
+        int i = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, i++) {
+            const int stg = i & 1;
+            if (i >= 2) mbar_wait(&empty[stg], ((i >> 1) - 1) & 1);
+            const int x = tile % nx, h = tile / nx % a.HV, z = tile / (nx * a.HV);
+            const kd_kda_row row = a.rows[z];
+            const size_t slot = (size_t)row.slot;
+            const int F = row.fold, T = row.len, j0 = x * CB;
+            float *st = smem + stg * SZ, *su = st + K * SP, *sv = su + FR * UP;
+            if (lane == 0) mbar_arrive_tx(&full[stg], (uint32_t)(K + F + T) * CB * 4);
+            __syncwarp();
+            const float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V + j0;
+            for (int r = lane; r < K; r += 32) bulk_to_smem(st + r * SP, S + (size_t)r * V, CB * 4, &full[stg]);
+            for (int t = lane; t < F; t += 32)
+                bulk_to_smem(su + t * UP, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0, CB * 4, &full[stg]);
+            for (int t = lane; t < T; t += 32)
+                bulk_to_smem(sv + t * CB, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0, CB * 4, &full[stg]);
+        }
+        return;
+    }
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4, c = tid % 128;
+    const bool act = c < K;
+    const int vl = warp * 16 + 2 * g;
+    float *G = red; /* the fold-free kept step's [16][17]: red's first 4 warps' part is unused */
+    int i = 0;
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, i++) {
+        const int stg = i & 1;
+        const int x = tile % nx, h = tile / nx % a.HV, z = tile / (nx * a.HV);
+        const kd_kda_row row = a.rows[z];
+        const int hk = h / (a.HV / a.H), T = row.len, F = row.fold, j0 = x * CB;
+        const size_t slot = (size_t)row.slot;
+        float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
+        const float *st = smem + stg * SZ, *su = st + K * SP, *sv = su + FR * UP;
+        float kr[16], d[16], kw[8], qw[8], dw[8];
+        if (tid < 128) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
+        if (i == 0) pdl_wait(), pdl_trigger(); /* the window's inputs and beta are the kernel before's */
+        const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
+        if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
+        // (1) the prologue, in two halves (as the one-pass verify's)
+        if (tid < 128) onepass_fold_weights<K>(kr, d, F, c, act, wf, cpF);
+        else onepass_window_prep<K>(a, row, slot, h, T, c, act, x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
+        const bool ccf = F <= 2, ccw = T <= 2;
+        const bool ff = NT == 1 && row.keep && !ccf && !ccw;
+        onepass_pad<K, NT>(wf, aw, F, T, ccf, ccw, tid);
+        if (tid < T) sb[tid] = bload;
+        consumers_sync();
+        if (tid >= 128) onepass_mn(red, M, c, T);
+        if (ff) onepass_ff_g<K>(wf, aw, F, T, G, tid), consumers_sync();
+        // (2) the tile, once landed: fold, store, window product
+        mbar_wait(&full[stg], (i >> 1) & 1);
+        float s[KT][4];
+        tile_to_regs<KT, SP, 0, KT>(s, st, vl, q);
+        if (ff) scale_keys<KT, 0, KT>(s, cpF, q);
+        else if (F > 0) {
+            if (ccf) cc_fold<KT, 0, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
+            else tc_fold_smem<K, 0, KT>(s, cpF, su, UP, wf, F, vl, g, q);
+            if (!row.keep) tc_store<KT, 0, CS>(s, S, V, j0 + vl, q);
+        }
+        if (ccw) {
+            float cacc[2][4];
+            cc_window_acc<KT, 0, KT>(s, aw, KP, T, cacc, q, true), cc_window_put(cacc, T, P, vl, q);
+        } else {
+            float acc[4][NT][4];
+            tc_window_zero<NT>(acc), tc_window_acc<K, NT, 0, KT>(s, smem_bfrag<K>{aw, g, q}, acc);
+            if (ff) onepass_ff_add<NT>(acc, su, UP, G, F, T, vl, g, q);
+            tc_window_put<NT>(acc, P, vl, q);
+        }
+        consumers_sync();
+        // (3) the solve, then the stage back to the producer and the arrays to the next tile
+        if (tid < CB) tc_solve_column(a, (size_t)row.start, slot * Tw + rec_off(row), h, T, CB, tid, j0 + tid, sv, sb,
+                                      P, M, N);
+        mbar_arrive(&empty[stg]);
+        consumers_sync();
+    }
 }
 
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
@@ -1885,9 +2048,36 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
 int g_store_cs = 1;
 int g_onepass_sched = 1; /* kd_kda_onepass_sched */
 int g_onepass_small;      /* kd_kda_onepass_small_form */
+int g_onepass_ws;         /* kd_kda_onepass_ws */
+
+/* The warp-specialized form (verify_ws_kernel) where it applies: K = 128 (the caller's), value columns in
+ * tiles of 128, records for at most 16 tokens, and the arrays its bulk copies read 16-byte aligned */
+bool ws_ok(const kd_kda_args *a) {
+    const uintptr_t al = (uintptr_t)a->state | (uintptr_t)a->rec_u | (uintptr_t)a->v;
+    return a->V % 128 == 0 && a->Tw <= 16 && a->n_rows > 0 && !(al & 15) && a->slot_stride % 4 == 0;
+}
+template <int K, int NT>
+cudaError_t launch_verify_ws(const kd_kda_args *a, cudaStream_t s) {
+    const size_t sm = (size_t)ws_smem_floats(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float) + 4 * sizeof(uint64_t);
+    int dev = 0, nsm = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    const long tiles = (long)(a->V / 128) * a->HV * a->n_rows;
+    const unsigned grid = (unsigned)(tiles < nsm ? tiles : nsm);
+    auto f = g_store_cs ? verify_ws_kernel<K, NT, true> : verify_ws_kernel<K, NT, false>;
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    if (!(kd_cuda_pdl && g_onepass_pdl)) {
+        f<<<grid, 288, sm, s>>>(*a);
+        return cudaGetLastError();
+    }
+    return kd_launch_dep(f, dim3(grid), dim3(288), sm, s, *a);
+}
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_t s) {
+    if constexpr (K == 128)
+        if (g_onepass_ws && ws_ok(a)) return launch_verify_ws<K, NT>(a, s);
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
     /* by default the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1), and for longer
      * ones the tile first in the grid's first wave and the inputs first after it (SCHED 3); see the kernel's
@@ -2157,6 +2347,11 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
+extern "C" int kd_kda_onepass_ws(int on) {
+    const int was = g_onepass_ws;
+    g_onepass_ws = on != 0;
+    return was;
+}
 extern "C" int kd_kda_onepass_small_form(int form) {
     if (form < 0 || form > 2) return -1;
     const int was = g_onepass_small;

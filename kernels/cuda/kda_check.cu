@@ -297,6 +297,7 @@ struct Timed {
     const char *sweep;
     int sched = 1; /* kd_kda_onepass_sched */
     int small = 0; /* kd_kda_onepass_small_form */
+    int ws = 0;    /* kd_kda_onepass_ws */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -332,6 +333,10 @@ static const Timed kTimed[] = {
     {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, small form 1", 1, 1},
     {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, small form 2", 1, 2},
     {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, small form 2", 1, 2},
+    /* the warp-specialized form (an experiment; printed only) */
+    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, warp-specialized", 1, 0, 1},
+    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, warp-specialized", 1, 0, 1},
+    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, warp-specialized", 1, 0, 1},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -439,15 +444,26 @@ int main(int argc, char **argv) {
     /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
      * first (0), the prologue's inputs first (2), and (3) the inputs first in blocks past the grid's first wave,
      * each at every window; then the forms for windows of 1-2 tokens of kd_kda_onepass_small_form (an
-     * experiment, off by default: windows of at most 2, with and without the lazy checkpoint) */
+     * experiment, off by default: windows of at most 2, with and without the lazy checkpoint); then the
+     * warp-specialized form (an experiment, off by default; K = V = 128 shapes, the others fall back to the
+     * one-pass verify), with every window and record count the default's checks take */
     if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1) {
-        const int forms[][2] = {{0, 0}, {2, 0}, {3, 0}, {1, 1}, {1, 2}}; /* order, small-window form */
+        const int forms[][3] = {{0, 0, 0}, {2, 0, 0}, {3, 0, 0}, {1, 1, 0}, {1, 2, 0}, {1, 0, 1}}; /* order, small, ws */
         for (const auto &fm : forms) {
             kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
-            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]);
+            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]), kd_kda_onepass_ws(fm[2]);
             if (fm[1]) printf("path: one-pass verify, small-window form %d\n", fm[1]);
+            else if (fm[2]) printf("path: one-pass verify, warp-specialized\n");
             else printf("path: one-pass verify, loads in order %d at every window\n", fm[0]);
             for (const Shape &s : shapes) {
+                if (fm[2]) {
+                    if (s.K != 128) continue;
+                    fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
+                    fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
+                    fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 6 : 12, 2);
+                    fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
+                    continue;
+                }
                 if (fm[1]) {
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12);
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
@@ -457,7 +473,7 @@ int main(int argc, char **argv) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
             }
         }
-        kd_kda_onepass_small_form(0);
+        kd_kda_onepass_small_form(0), kd_kda_onepass_ws(0);
     }
     kd_kda_onepass_sched(g_sched_default);
     kd_kda_force_r(0);
@@ -566,6 +582,7 @@ int main(int argc, char **argv) {
                 kd_kda_store_hint(w.hint);
                 kd_kda_onepass_sched(w.sched);
                 kd_kda_onepass_small_form(w.small);
+                kd_kda_onepass_ws(w.ws);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -605,6 +622,7 @@ int main(int argc, char **argv) {
             kd_kda_store_hint(1);
             kd_kda_onepass_sched(g_sched_default);
             kd_kda_onepass_small_form(0);
+            kd_kda_onepass_ws(0);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);
