@@ -1785,12 +1785,25 @@ __device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
                  "r"(bytes)
                  : "memory");
 }
+/* waits for the phase of parity `parity` to complete; traps (an error the launch's caller sees, instead of a
+ * hang) after 10 s, which only a wrong byte count or parity can take */
 __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n\t.reg .pred p;\n\tWAIT_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra WAIT_%=;\n\t}" ::"r"(smem_addr(b)),
-                 "r"(parity)
-                 : "memory");
+    unsigned long long t0 = 0;
+    for (unsigned n = 0;; n++) {
+        uint32_t done;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_addr(b)), "r"(parity)
+                     : "memory");
+        if (done) return;
+        if ((n & 255) == 255) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (!t0) t0 = t;
+            else if (t - t0 > 10000000000ull) __trap();
+        }
+    }
 }
 /* bytes (a multiple of 16, both ends 16-byte aligned) from global to shared memory, completing on b */
 __device__ __forceinline__ void bulk_to_smem(float *dst, const float *src, uint32_t bytes, uint64_t *b) {
