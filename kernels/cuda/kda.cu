@@ -1469,6 +1469,9 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
+// The one-pass verify's threads (its compute threads in the warp-specialized form) and the floats of a warp's
+// partial sums (16, then M and N's 128)
+constexpr int kOnepassThreads = 256, kOnepassNR = 144;
 // The one-pass verify's prologue (threads [0, 128): c = tid, [128, 256): c = tid - 128), shared with the
 // warp-specialized form. The fold half: the fold weights W [F][K + 8] and cpF from the records' keys and
 // decays.
@@ -1513,17 +1516,19 @@ __device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const 
 template <int K, int NT>
 __device__ __forceinline__ void onepass_pad(float *wf, float *aw, int F, int T, bool ccf, bool ccw, int tid) {
     if (!ccf)
-        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += 256) wf[i / K * (K + 8) + i % K] = 0.f;
+        for (int i = F * K + tid; i < (F + 7) / 8 * 8 * K; i += kOnepassThreads) wf[i / K * (K + 8) + i % K] = 0.f;
     if (!ccw)
-        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += 256) aw[i / K * (K + 8) + i % K] = 0.f;
+        for (int i = 2 * T * K + tid; i < NT * 8 * K; i += kOnepassThreads) aw[i / K * (K + 8) + i % K] = 0.f;
 }
-// M, N from the window warps' sums (red [8][144], warps 4-7): 128 entries, one per thread c of the window half
+// M, N from the window warps' sums (red [8][kOnepassNR], warps 4-7): 128 entries, one per thread c of the
+// window half
 __device__ __forceinline__ void onepass_mn(const float *red, float *M, int c, int T) {
+    constexpr int NR = kOnepassNR;
     const int t = c % 64 / 8, r = c % 8;
     float x = 0.f;
     if (r <= t && t < T) {
         const int i = 16 + c / 64 * 64 + t * 8 + r;
-        x = (red[4 * 144 + i] + red[5 * 144 + i]) + (red[6 * 144 + i] + red[7 * 144 + i]);
+        x = (red[4 * NR + i] + red[5 * NR + i]) + (red[6 * NR + i] + red[7 * NR + i]);
     }
     M[c] = x; /* M and N are contiguous */
 }
@@ -1544,7 +1549,7 @@ template <int K>
 __device__ __forceinline__ void onepass_ff_g(const float *wf, const float *aw, int F, int T, float *G, int tid) {
     constexpr int KP = K + 8;
     const int E = F * 2 * T, j = tid % 8;
-    for (int e0 = 0; e0 < E; e0 += 32) { /* 32 entries a pass (256 threads); the whole warp shuffles */
+    for (int e0 = 0; e0 < E; e0 += kOnepassThreads / 8) { /* 32 entries a pass; the whole warp shuffles */
         const int e = e0 + tid / 8;
         float x = 0.f;
         if (e < E) {
@@ -1626,7 +1631,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     extern __shared__ __align__(16) float smem[];
     KD_TRACE_DECL
     KD_TRACE_START
-    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = kOnepassThreads, NR = kOnepassNR;
     const kd_kda_row row = a.rows[blockIdx.z];
     const int h = blockIdx.y, hk = h / (a.HV / a.H), V = a.V, Tw = a.Tw, T = row.len, F = row.fold;
     const int FR = (Tw + 7) / 8 * 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -1823,7 +1828,7 @@ __host__ __device__ constexpr int ws_smem_floats(int K, int NT, int FR) {
 template <int K, int NT, bool CS>
 __global__ void __launch_bounds__(288, 1) verify_ws_kernel(const kd_kda_args a) {
     extern __shared__ __align__(16) float smem[];
-    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = 256, NR = 144;
+    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = kOnepassThreads, NR = kOnepassNR;
     const int V = a.V, Tw = a.Tw, FR = (Tw + 7) / 8 * 8, nx = V / CB, tid = threadIdx.x;
     const int SZ = ws_stage_floats(K, FR), n_tiles = nx * a.HV * a.n_rows;
     float *sb = smem + 2 * SZ, *wf = sb + 16, *cpF = wf + FR * KP, *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64,
