@@ -402,8 +402,8 @@ int main(int argc, char **argv) {
                         {0, 0, 2, 0, "CUDA cores, narrow R=2"},
                         {0, 0, 8, 0, "CUDA cores, narrow R=8"}};
     /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify, 2: only the CUDA-core kernels,
-     * 3: only the one-kernel tensor-core verify, 4: only the one-pass verify (each for the
-     * sanitizers) */
+     * 3: only the one-kernel tensor-core verify, 4: only the one-pass verify, 5: only the one-pass verify's
+     * experimental forms (small-window and warp-specialized) (each for the sanitizers) */
     const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
     const bool only_new = only != 0;
     /* KD_KDA_PROFILE=B,T (for a profiler, or a size off the table's list): no checks, the benchmark at that one
@@ -421,6 +421,7 @@ int main(int argc, char **argv) {
         if (only == 2 && c.tc != 0) continue;
         if (only == 3 && (c.tc == 0 || c.split != 0)) continue;
         if (only == 4 && c.split != 3) continue;
+        if (only == 5) continue;
         kd_kda_tensor_cores(c.tc, c.warps);
         kd_kda_force_r(c.r);
         kd_kda_split(c.split == 1 ? g_split_default : c.split);
@@ -447,9 +448,10 @@ int main(int argc, char **argv) {
      * experiment, off by default: windows of at most 2, with and without the lazy checkpoint); then the
      * warp-specialized form (an experiment, off by default; K = V = 128 shapes, the others fall back to the
      * one-pass verify), with every window and record count the default's checks take */
-    if (!prof_b && (only == 0 || only == 1 || only == 4) && g_sched_default == 1) {
+    if (!prof_b && (only == 0 || only == 1 || only == 4 || only == 5) && g_sched_default == 1) {
         const int forms[][3] = {{0, 0, 0}, {2, 0, 0}, {3, 0, 0}, {1, 1, 0}, {1, 2, 0}, {1, 0, 1}}; /* order, small, ws */
         for (const auto &fm : forms) {
+            if (only == 5 && !fm[1] && !fm[2]) continue;
             kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
             kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]), kd_kda_onepass_ws(fm[2]);
             if (fm[1]) printf("path: one-pass verify, small-window form %d\n", fm[1]);
@@ -498,7 +500,8 @@ int main(int argc, char **argv) {
     }
     // ------------------------------------------------------------------- bench
     const int HV = 32, K = 128, V = 128, H = 32, Tw = 8, RC = 16; /* RC: records a slot (the lazy steps' 2T) */
-    /* KD_KDA_BENCH_LAZY_ONLY=1: only the copies, the default verify and its lazy steps */
+    /* KD_KDA_BENCH_LAZY_ONLY=1: only the copies, the default verify, the lazy steps of the one-pass forms and the
+     * warp-specialized lines */
     const bool lazy_only = getenv("KD_KDA_BENCH_LAZY_ONLY") && !strcmp(getenv("KD_KDA_BENCH_LAZY_ONLY"), "1");
     const bool lazy_sweep = getenv("KD_KDA_BENCH_LAZY_SWEEP") && !strcmp(getenv("KD_KDA_BENCH_LAZY_SWEEP"), "1");
     const size_t per = (size_t)HV * K * V; // floats per state (2 MiB)
@@ -572,8 +575,8 @@ int main(int argc, char **argv) {
             Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             for (const Timed &w : kTimed) {
                 if (w.small_only && B > 8) continue;
-                if (lazy_only && !(w.op == Timed::COPY || w.op == Timed::COPY_KERNEL || w.op == Timed::LAZY_KEEP ||
-                                   w.op == Timed::LAZY_WRITE || w.dst == &Res::def_us))
+                if (lazy_only && !(w.op == Timed::COPY || w.op == Timed::COPY_KERNEL || w.dst == &Res::def_us || w.ws ||
+                                   ((w.op == Timed::LAZY_KEEP || w.op == Timed::LAZY_WRITE) && w.split < 0)))
                     continue;
                 kd_kda_tensor_cores(w.tc, w.warps);
                 kd_kda_force_r(w.r);
