@@ -296,7 +296,7 @@ struct Timed {
     ResField dst;
     const char *sweep;
     int sched = 1; /* kd_kda_onepass_sched */
-    int small = 0; /* kd_kda_onepass_small_form */
+    int small = 1; /* kd_kda_onepass_small_form */
     int ws = 0;    /* kd_kda_onepass_ws */
 };
 static const Timed kTimed[] = {
@@ -327,16 +327,17 @@ static const Timed kTimed[] = {
     {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, tile first", 0},
     {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, tile first", 0},
     {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, tile first", 0},
-    /* the one-pass verify's small-window forms (an experiment; printed only; at windows of 3-8 the default's
-     * form runs, so those lines measure the noise) */
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, small form 1", 1, 1},
-    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, small form 1", 1, 1},
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, small form 2", 1, 2},
-    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, small form 2", 1, 2},
-    /* the warp-specialized form (an experiment; printed only) */
-    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, warp-specialized", 1, 0, 1},
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, warp-specialized", 1, 0, 1},
-    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, warp-specialized", 1, 0, 1},
+    /* the one-pass verify without its small-window form (printed only; at windows of 3-8 the default's form
+     * runs either way, so those lines measure the noise) */
+    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, no small form", 1, 0},
+    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, no small form", 1, 0},
+    /* the warp-specialized forms (an experiment; printed only) */
+    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, warp-specialized", 1, 1, 1},
+    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, warp-specialized", 1, 1, 1},
+    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, warp-specialized", 1, 1, 1},
+    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, warp-specialized 2", 1, 1, 2},
+    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, warp-specialized 2", 1, 1, 2},
+    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, warp-specialized 2", 1, 1, 2},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -444,21 +445,23 @@ int main(int argc, char **argv) {
     }
     /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
      * first (0), the prologue's inputs first (2), and (3) the inputs first in blocks past the grid's first wave,
-     * each at every window; then the forms for windows of 1-2 tokens of kd_kda_onepass_small_form (an
-     * experiment, off by default: windows of at most 2, with and without the lazy checkpoint); then the
-     * warp-specialized form (an experiment, off by default; K = V = 128 shapes, the others fall back to the
-     * one-pass verify), with every window and record count the default's checks take */
+     * each at every window; then windows of 1-2 tokens with and without the small-window form
+     * (kd_kda_onepass_small_form, with and without the lazy checkpoint); then the warp-specialized forms 1 and 2
+     * (an experiment, off by default; K = V = 128 shapes, the others fall back to the one-pass verify), with
+     * every window and record count the default's checks take */
     if (!prof_b && (only == 0 || only == 1 || only == 4 || only == 5) && g_sched_default == 1) {
-        const int forms[][3] = {{0, 0, 0}, {2, 0, 0}, {3, 0, 0}, {1, 1, 0}, {1, 2, 0}, {1, 0, 1}}; /* order, small, ws */
+        /* order, small form, warp-specialized form, what: 0 orders, 1 windows of 2, 2 warp-specialized */
+        const int forms[][4] = {{0, 1, 0, 0}, {2, 1, 0, 0}, {3, 1, 0, 0}, {1, 1, 0, 1},
+                                {1, 0, 0, 1}, {1, 1, 1, 2}, {1, 1, 2, 2}};
         for (const auto &fm : forms) {
-            if (only == 5 && !fm[1] && !fm[2]) continue;
+            if (only == 5 && fm[3] == 0) continue;
             kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
             kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]), kd_kda_onepass_ws(fm[2]);
-            if (fm[1]) printf("path: one-pass verify, small-window form %d\n", fm[1]);
-            else if (fm[2]) printf("path: one-pass verify, warp-specialized\n");
+            if (fm[3] == 1) printf("path: one-pass verify, windows of 1-2, small-window form %s\n", fm[1] ? "on" : "off");
+            else if (fm[3] == 2) printf("path: one-pass verify, warp-specialized %d\n", fm[2]);
             else printf("path: one-pass verify, loads in order %d at every window\n", fm[0]);
             for (const Shape &s : shapes) {
-                if (fm[2]) {
+                if (fm[3] == 2) {
                     if (s.K != 128) continue;
                     fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
                     fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
@@ -466,7 +469,7 @@ int main(int argc, char **argv) {
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
                     continue;
                 }
-                if (fm[1]) {
+                if (fm[3] == 1) {
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12);
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
                     continue;
@@ -475,7 +478,7 @@ int main(int argc, char **argv) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
             }
         }
-        kd_kda_onepass_small_form(0), kd_kda_onepass_ws(0);
+        kd_kda_onepass_small_form(1), kd_kda_onepass_ws(0);
     }
     kd_kda_onepass_sched(g_sched_default);
     kd_kda_force_r(0);
@@ -624,7 +627,7 @@ int main(int argc, char **argv) {
             kd_kda_force_r(0);
             kd_kda_store_hint(1);
             kd_kda_onepass_sched(g_sched_default);
-            kd_kda_onepass_small_form(0);
+            kd_kda_onepass_small_form(1);
             kd_kda_onepass_ws(0);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
