@@ -1469,11 +1469,9 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
     return K * 132 + FR * 136 + 8 * 128 + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
 }
 
-// The one-pass verify's threads (its compute threads in the warp-specialized form) and the floats of a warp's
-// partial sums (16, then M and N's 128)
+// The one-pass verify's threads and the floats of a warp's partial sums (16, then M and N's 128)
 constexpr int kOnepassThreads = 256, kOnepassNR = 144;
-// The one-pass verify's prologue (threads [0, 128): c = tid, [128, 256): c = tid - 128), shared with the
-// warp-specialized form. The fold half: the fold weights W [F][K + 8] and cpF from the records' keys and
+// The one-pass verify's prologue (threads [0, 128): c = tid, [128, 256): c = tid - 128). The fold half: the fold weights W [F][K + 8] and cpF from the records' keys and
 // decays.
 template <int K>
 __device__ __forceinline__ void onepass_fold_weights(const float (&kr)[16], const float (&d)[16], int F, int c,
@@ -1763,258 +1761,6 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     KD_TRACE_END
 }
 
-// ------------------------------------------------ warp-specialized one-pass verify (an experiment)
-// kd_kda_onepass_ws(1), off by default, K = 128 with V a multiple of 128 (else the one-pass verify):
-// the one-pass verify's work (prologue, fold, window, solve, unchanged) in a persistent grid of one
-// block an SM, 8 consumer warps and a producer warp. The producer streams each tile's state (128
-// rows of 512 bytes), corrections and v into a two-stage ring in shared memory by bulk copies
-// (cp.async.bulk, completing on the stage's "full" mbarrier) while the consumers compute the tile
-// before; the consumers free a stage on its "empty" mbarrier once they have read it. The aim: the
-// traces show the one-pass verify's blocks (2 an SM, bound by their registers) loading and then
-// computing in lockstep waves, the memory idle while they compute; here the next tile's bytes
-// stream during the compute. Shared memory (K = 128, records for 16 tokens, windows of 5-8):
-// 2 x (66 KiB state + 8.5 KiB corrections + 4 KiB v) + the one-pass verify's other arrays,
-// about 188 KiB: one block an SM, 288 threads, up to 224 registers a thread.
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(
-                     smem_addr(b)),
-                 "r"(bytes)
-                 : "memory");
-}
-/* waits for the phase of parity `parity` to complete; traps (an error the launch's caller sees, instead of a
- * hang) after 10 s, which only a wrong byte count or parity can take */
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    unsigned long long t0 = 0;
-    for (unsigned n = 0;; n++) {
-        uint32_t done;
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(smem_addr(b)), "r"(parity)
-                     : "memory");
-        if (done) return;
-        if ((n & 255) == 255) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (!t0) t0 = t;
-            else if (t - t0 > 10000000000ull) __trap();
-        }
-    }
-}
-/* bytes (a multiple of 16, both ends 16-byte aligned) from global to shared memory, completing on b */
-__device__ __forceinline__ void bulk_to_smem(float *dst, const float *src, uint32_t bytes, uint64_t *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(b))
-                 : "memory");
-}
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-
-__host__ __device__ constexpr int ws_stage_floats(int K, int FR) { return K * 132 + FR * 136 + 8 * 128; }
-__host__ __device__ constexpr int ws_smem_floats(int K, int NT, int FR) {
-    /* two stages, beta, fold weights, cpF, window keys / queries, M and N, partial sums, P; the 4 mbarriers after */
-    return 2 * ws_stage_floats(K, FR) + 16 + FR * (K + 8) + K + NT * 8 * (K + 8) + 128 + 8 * 144 + 128 * 17;
-}
-
-/* PRO (kd_kda_onepass_ws(2)): the producer also stages each tile's prologue inputs (the row, beta, the fold's
- * records' keys and decays, the window's keys, queries and decays) into one more area of shared memory, on
- * mbarriers of their own (pfull, pempty), so that the consumers' tile starts read shared memory instead of
- * waiting on global loads (the row, then the records: two dependent round trips a tile). Its size in floats
- * (K = 128: the row and beta, 16 records of keys and decays, 8 tokens' keys, queries and decays). */
-__host__ __device__ constexpr int ws_pro_floats(int K, int FR) { return 32 + FR * 2 * K + 3 * 8 * K; }
-
-#ifdef KD_KDA_TRACE
-/* probe builds only: per block of the warp-specialized form, sums over its tiles (ns) of the consumers'
- * phases (tile start -> prologue done -> tile landed -> window product done -> solve done) and of the
- * producer's waits (empty stage, prologue area) */
-#define KD_WS_DECL unsigned long long ws_a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ws_t = 0;
-#define KD_WS_AT(i)                                                                                               \
-    if (threadIdx.x == 0) {                                                                                       \
-        const unsigned long long t_ = kd_gtime();                                                                 \
-        if (i) ws_a[i] += t_ - ws_t;                                                                              \
-        ws_t = t_;                                                                                                \
-    }
-#define KD_WS_P0 const unsigned long long wp0_ = lane == 0 ? kd_gtime() : 0;
-#define KD_WS_P1(i) if (lane == 0) ws_a[i] += kd_gtime() - wp0_;
-#define KD_WS_PUT(i0, i1)                                                                                         \
-    if ((threadIdx.x == 0 || threadIdx.x == kOnepassThreads) && a.state == kd_trace_state && kd_trace_buf)       \
-        for (int e_ = i0; e_ < i1; e_++) kd_trace_buf[(size_t)blockIdx.x * 8 + e_] = ws_a[e_];
-#else
-#define KD_WS_DECL
-#define KD_WS_AT(i)
-#define KD_WS_P0
-#define KD_WS_P1(i)
-#define KD_WS_PUT(i0, i1)
-#endif
-
-template <int K, int NT, bool CS, bool PRO = false>
-__global__ void __launch_bounds__(288, 1) verify_ws_kernel(const kd_kda_args a) {
-    extern __shared__ __align__(16) float smem[];
-    constexpr int KT = K / 8, KP = K + 8, CB = 128, SP = CB + 4, UP = CB + 8, NTH = kOnepassThreads, NR = kOnepassNR;
-    const int V = a.V, Tw = a.Tw, FR = (Tw + 7) / 8 * 8, nx = V / CB, tid = threadIdx.x;
-    const int SZ = ws_stage_floats(K, FR), n_tiles = nx * a.HV * a.n_rows;
-    float *sb = smem + 2 * SZ, *wf = sb + 16, *cpF = wf + FR * KP, *aw = cpF + K, *M = aw + NT * 8 * KP, *N = M + 64,
-          *red = N + 64, *P = red + 8 * NR;
-    /* an offset of a multiple of 4 floats: the barriers 8-byte aligned, the prologue area 16-byte aligned */
-    uint64_t *full = (uint64_t *)(P + CB * 17), *empty = full + 2, *pfull = full + 4, *pempty = full + 5;
-    float *pro = (float *)(full + 8); /* PRO: the row [8], beta [16], keys and decays [FR][2K], window [3][8][K] */
-    float *pkg = pro + 32, *pwin = pkg + FR * 2 * K;
-    KD_WS_DECL
-    if (tid == 0) {
-        mbar_init(&full[0], 1), mbar_init(&full[1], 1), mbar_init(&empty[0], NTH), mbar_init(&empty[1], NTH);
-        if (PRO) mbar_init(pfull, 1), mbar_init(pempty, NTH);
-        asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-    }
-    __syncthreads();
-    if (tid >= NTH) { /* the producer warp: tile after tile into the ring (nothing it reads is the kernel before's,
-                       * except the window's inputs in PRO: after its wait) */
-        const int lane = tid - NTH;
-        int i = 0;
-        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, i++) {
-            const int stg = i & 1;
-            if (i >= 2) {
-                KD_WS_P0
-                mbar_wait(&empty[stg], ((i >> 1) - 1) & 1);
-                KD_WS_P1(5)
-            }
-            const int x = tile % nx, h = tile / nx % a.HV, z = tile / (nx * a.HV);
-            const kd_kda_row row = a.rows[z];
-            const size_t slot = (size_t)row.slot;
-            const int F = row.fold, T = row.len, j0 = x * CB;
-            float *st = smem + stg * SZ, *su = st + K * SP, *sv = su + FR * UP;
-            if (lane == 0) mbar_arrive_tx(&full[stg], (uint32_t)(K + F + T) * CB * 4);
-            __syncwarp();
-            const float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V + j0;
-            for (int r = lane; r < K; r += 32) bulk_to_smem(st + r * SP, S + (size_t)r * V, CB * 4, &full[stg]);
-            for (int t = lane; t < F; t += 32)
-                bulk_to_smem(su + t * UP, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0, CB * 4, &full[stg]);
-            for (int t = lane; t < T; t += 32)
-                bulk_to_smem(sv + t * CB, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0, CB * 4, &full[stg]);
-            if constexpr (PRO) {
-                const int hk = h / (a.HV / a.H);
-                if (i == 0) pdl_wait(); /* the window's inputs and beta are the kernel before's */
-                else {
-                    KD_WS_P0
-                    mbar_wait(pempty, (i - 1) & 1);
-                    KD_WS_P1(6)
-                }
-                if (lane < T) pro[16 + lane] = a.beta[((size_t)row.start + lane) * a.HV + h];
-                if (lane == 0) *(kd_kda_row *)pro = row;
-                __syncwarp();
-                if (lane == 0) mbar_arrive_tx(pfull, (uint32_t)(F * 2 * K + T * 3 * K) * 4);
-                __syncwarp();
-                const float *kg_old = a.rec_kg + ((slot * 2 + row.kg_read) * Tw) * (size_t)a.HV * 2 * K;
-                for (int t = lane; t < F; t += 32)
-                    bulk_to_smem(pkg + t * 2 * K, kg_old + ((size_t)t * a.HV + h) * 2 * K, 2 * K * 4, pfull);
-                for (int e = lane; e < 3 * T; e += 32) {
-                    const int t = e % T, w = e / T;
-                    const size_t n = (size_t)row.start + t;
-                    const float *src = w == 0 ? a.kn + (n * a.H + hk) * K
-                                       : w == 1 ? a.qn + (n * a.H + hk) * K
-                                                : a.decay + (n * a.HV + h) * K;
-                    bulk_to_smem(pwin + (w * 8 + t) * K, src, K * 4, pfull);
-                }
-            }
-        }
-        KD_WS_PUT(5, 7)
-        return;
-    }
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4, c = tid % 128;
-    const bool act = c < K;
-    const int vl = warp * 16 + 2 * g;
-    float *G = red; /* the fold-free kept step's [16][17]: red's first 4 warps' part is unused */
-    int i = 0;
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, i++) {
-        KD_WS_AT(0)
-        const int stg = i & 1;
-        const int x = tile % nx, h = tile / nx % a.HV, z = tile / (nx * a.HV);
-        kd_kda_row row;
-        if constexpr (PRO) {
-            mbar_wait(pfull, i & 1);
-            row = *(const kd_kda_row *)pro;
-        } else {
-            row = a.rows[z];
-        }
-        const int hk = h / (a.HV / a.H), T = row.len, F = row.fold, j0 = x * CB;
-        const size_t slot = (size_t)row.slot;
-        float *S = a.state + slot * kda_sstride(a) + h * (size_t)K * V;
-        const float *st = smem + stg * SZ, *su = st + K * SP, *sv = su + FR * UP;
-        float kr[16], d[16], kw[8], qw[8], dw[8];
-        float bload;
-        if constexpr (PRO) {
-#pragma unroll
-            for (int t = 0; t < 16; t++) {
-                kr[t] = t < F && act ? pkg[t * 2 * K + c] : 0.f;
-                d[t] = t < F && act ? pkg[t * 2 * K + K + c] : 1.f;
-            }
-#pragma unroll
-            for (int t = 0; t < 8; t++) {
-                const bool u = t < T && act;
-                kw[t] = u ? pwin[t * K + c] : 0.f, qw[t] = u ? pwin[(8 + t) * K + c] : 0.f;
-                dw[t] = u ? pwin[(16 + t) * K + c] : 0.f;
-            }
-            bload = tid < T ? pro[16 + tid] : 0.f;
-            if (i == 0) pdl_trigger();
-            mbar_arrive(pempty); /* the prologue area back to the producer */
-        } else {
-            if (tid < 128) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
-            if (i == 0) pdl_wait(), pdl_trigger(); /* the window's inputs and beta are the kernel before's */
-            bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
-            if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
-        }
-        // (1) the prologue, in two halves (as the one-pass verify's)
-        if (tid < 128) onepass_fold_weights<K>(kr, d, F, c, act, wf, cpF);
-        else onepass_window_prep<K>(a, row, slot, h, T, c, act, x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
-        const bool ccf = F <= 2, ccw = T <= 2;
-        const bool ff = NT == 1 && row.keep && !ccf && !ccw;
-        onepass_pad<K, NT>(wf, aw, F, T, ccf, ccw, tid);
-        if (tid < T) sb[tid] = bload;
-        consumers_sync();
-        KD_WS_AT(1)
-        if (tid >= 128) onepass_mn(red, M, c, T);
-        if (ff) onepass_ff_g<K>(wf, aw, F, T, G, tid), consumers_sync();
-        // (2) the tile, once landed: fold, store, window product
-        mbar_wait(&full[stg], (i >> 1) & 1);
-        KD_WS_AT(2)
-        float s[KT][4];
-        tile_to_regs<KT, SP, 0, KT>(s, st, vl, q);
-        if (ff) scale_keys<KT, 0, KT>(s, cpF, q);
-        else if (F > 0) {
-            if (ccf) cc_fold<KT, 0, KT>(s, cpF, su, UP, wf, KP, F, vl, q);
-            else tc_fold_smem<K, 0, KT>(s, cpF, su, UP, wf, F, vl, g, q);
-            if (!row.keep) tc_store<KT, 0, CS>(s, S, V, j0 + vl, q);
-        }
-        if (ccw) {
-            float cacc[2][4];
-            cc_window_acc<KT, 0, KT>(s, aw, KP, T, cacc, q, true), cc_window_put(cacc, T, P, vl, q);
-        } else {
-            float acc[4][NT][4];
-            tc_window_zero<NT>(acc), tc_window_acc<K, NT, 0, KT>(s, smem_bfrag<K>{aw, g, q}, acc);
-            if (ff) onepass_ff_add<NT>(acc, su, UP, G, F, T, vl, g, q);
-            tc_window_put<NT>(acc, P, vl, q);
-        }
-        consumers_sync();
-        KD_WS_AT(3)
-        // (3) the solve, then the stage back to the producer and the arrays to the next tile
-        if (tid < CB) tc_solve_column(a, (size_t)row.start, slot * Tw + rec_off(row), h, T, CB, tid, j0 + tid, sv, sb,
-                                      P, M, N);
-        mbar_arrive(&empty[stg]);
-        consumers_sync();
-        KD_WS_AT(4)
-    }
-#ifdef KD_KDA_TRACE
-    ws_a[0] = (unsigned long long)i;
-#endif
-    KD_WS_PUT(0, 5)
-}
-
 /* The closed form is exact and halves the multiply-adds, but measured slower on an H200
  * (its per-block prologue, O(T^2 K), is repeated by every column tile of a head): off by
  * default until that prologue moves into kd_kda_prepare. */
@@ -2164,40 +1910,9 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
 int g_store_cs = 1;
 int g_onepass_sched = 1; /* kd_kda_onepass_sched */
 int g_onepass_small = 1;  /* kd_kda_onepass_small_form */
-int g_onepass_ws;         /* kd_kda_onepass_ws */
-
-/* The warp-specialized form (verify_ws_kernel) where it applies: K = 128 (the caller's), value columns in
- * tiles of 128, records for at most 16 tokens, and the arrays its bulk copies read 16-byte aligned */
-bool ws_ok(const kd_kda_args *a) {
-    uintptr_t al = (uintptr_t)a->state | (uintptr_t)a->rec_u | (uintptr_t)a->v;
-    if (g_onepass_ws == 2) al |= (uintptr_t)a->rec_kg | (uintptr_t)a->kn | (uintptr_t)a->qn | (uintptr_t)a->decay;
-    return a->V % 128 == 0 && a->Tw <= 16 && a->n_rows > 0 && !(al & 15) && a->slot_stride % 4 == 0;
-}
-template <int K, int NT>
-cudaError_t launch_verify_ws(const kd_kda_args *a, cudaStream_t s) {
-    const int FR = (a->Tw + 7) / 8 * 8;
-    const size_t sm = ((size_t)ws_smem_floats(K, NT, FR) + 16 + (g_onepass_ws == 2 ? ws_pro_floats(K, FR) : 0)) *
-                      sizeof(float); /* the 8 barriers' 16 floats, then the prologue area */
-    int dev = 0, nsm = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    const long tiles = (long)(a->V / 128) * a->HV * a->n_rows;
-    const unsigned grid = (unsigned)(tiles < nsm ? tiles : nsm);
-    auto f = g_onepass_ws == 2 ? (g_store_cs ? verify_ws_kernel<K, NT, true, true> : verify_ws_kernel<K, NT, false, true>)
-                               : (g_store_cs ? verify_ws_kernel<K, NT, true> : verify_ws_kernel<K, NT, false>);
-    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    if (!(kd_cuda_pdl && g_onepass_pdl)) {
-        f<<<grid, 288, sm, s>>>(*a);
-        return cudaGetLastError();
-    }
-    return kd_launch_dep(f, dim3(grid), dim3(288), sm, s, *a);
-}
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_t s) {
-    if constexpr (K == 128)
-        if (g_onepass_ws && ws_ok(a)) return launch_verify_ws<K, NT>(a, s);
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
     /* by default the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1), and for longer
      * ones the tile first in the grid's first wave and the inputs first after it (SCHED 3); see the kernel's
@@ -2465,12 +2180,6 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
-extern "C" int kd_kda_onepass_ws(int on) {
-    if (on < 0 || on > 2) return -1;
-    const int was = g_onepass_ws;
-    g_onepass_ws = on;
-    return was;
-}
 extern "C" int kd_kda_onepass_small_form(int form) {
     if (form < 0 || form > 1) return -1;
     const int was = g_onepass_small;

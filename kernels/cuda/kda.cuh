@@ -179,13 +179,6 @@ int kd_kda_onepass_sched(int sched);
 // at T = 2 on an H100), 0 the general form (benchmarks). Returns the setting it replaces, or -1 (and changes
 // nothing) for a value outside 0..1.
 int kd_kda_onepass_small_form(int form);
-// An experiment, off by default (0): with 1, the one-pass verify at K = 128 (value columns a multiple of 128,
-// records for at most 16 tokens, 16-byte aligned state, corrections and v) runs warp-specialized: a persistent
-// grid of one block an SM whose producer warp streams the tiles into a two-stage ring in shared memory while
-// 8 warps compute (kda.cu, verify_ws_kernel); with 2 the producer also stages each tile's prologue inputs
-// (then kn, qn, decay and the key/decay records must be 16-byte aligned too). Returns the setting it
-// replaces, or -1 (and changes nothing) for a value outside 0..2.
-int kd_kda_onepass_ws(int on);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

@@ -297,7 +297,6 @@ struct Timed {
     const char *sweep;
     int sched = 1; /* kd_kda_onepass_sched */
     int small = 1; /* kd_kda_onepass_small_form */
-    int ws = 0;    /* kd_kda_onepass_ws */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -331,13 +330,6 @@ static const Timed kTimed[] = {
      * runs either way, so those lines measure the noise) */
     {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, no small form", 1, 0},
     {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, no small form", 1, 0},
-    /* the warp-specialized forms (an experiment; printed only) */
-    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, warp-specialized", 1, 1, 1},
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, warp-specialized", 1, 1, 1},
-    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, warp-specialized", 1, 1, 1},
-    {Timed::VERIFY, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "deferred, warp-specialized 2", 1, 1, 2},
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, warp-specialized 2", 1, 1, 2},
-    {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, warp-specialized 2", 1, 1, 2},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -404,7 +396,7 @@ int main(int argc, char **argv) {
                         {0, 0, 8, 0, "CUDA cores, narrow R=8"}};
     /* KD_KDA_CHECK_NEW=1: only the split and one-pass verify, 2: only the CUDA-core kernels,
      * 3: only the one-kernel tensor-core verify, 4: only the one-pass verify, 5: only the one-pass verify's
-     * experimental forms (small-window and warp-specialized) (each for the sanitizers) */
+     * windows of 1-2 with and without its small-window form (each for the sanitizers) */
     const int only = getenv("KD_KDA_CHECK_NEW") ? atoi(getenv("KD_KDA_CHECK_NEW")) : 0;
     const bool only_new = only != 0;
     /* KD_KDA_PROFILE=B,T (for a profiler, or a size off the table's list): no checks, the benchmark at that one
@@ -446,30 +438,17 @@ int main(int argc, char **argv) {
     /* the one-pass verify with its loads in the orders the default takes only at some windows: the state tile
      * first (0), the prologue's inputs first (2), and (3) the inputs first in blocks past the grid's first wave,
      * each at every window; then windows of 1-2 tokens with and without the small-window form
-     * (kd_kda_onepass_small_form, with and without the lazy checkpoint); then the warp-specialized forms 1 and 2
-     * (an experiment, off by default; K = V = 128 shapes, the others fall back to the one-pass verify), with
-     * every window and record count the default's checks take */
+     * (kd_kda_onepass_small_form, with and without the lazy checkpoint) */
     if (!prof_b && (only == 0 || only == 1 || only == 4 || only == 5) && g_sched_default == 1) {
-        /* order, small form, warp-specialized form, what: 0 orders, 1 windows of 2, 2 warp-specialized */
-        const int forms[][4] = {{0, 1, 0, 0}, {2, 1, 0, 0}, {3, 1, 0, 0}, {1, 1, 0, 1},
-                                {1, 0, 0, 1}, {1, 1, 1, 2}, {1, 1, 2, 2}};
+        const int forms[][3] = {{0, 1, 0}, {2, 1, 0}, {3, 1, 0}, {1, 1, 1}, {1, 0, 1}}; /* order, small form, windows of 2 */
         for (const auto &fm : forms) {
-            if (only == 5 && fm[3] == 0) continue;
+            if (only == 5 && !fm[2]) continue;
             kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
-            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]), kd_kda_onepass_ws(fm[2]);
-            if (fm[3] == 1) printf("path: one-pass verify, windows of 1-2, small-window form %s\n", fm[1] ? "on" : "off");
-            else if (fm[3] == 2) printf("path: one-pass verify, warp-specialized %d\n", fm[2]);
+            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]);
+            if (fm[2]) printf("path: one-pass verify, windows of 1-2, small-window form %s\n", fm[1] ? "on" : "off");
             else printf("path: one-pass verify, loads in order %d at every window\n", fm[0]);
             for (const Shape &s : shapes) {
-                if (fm[3] == 2) {
-                    if (s.K != 128) continue;
-                    fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 4 : 12);
-                    fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
-                    fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 6 : 12, 2);
-                    fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
-                    continue;
-                }
-                if (fm[3] == 1) {
+                if (fm[2]) {
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12);
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
                     continue;
@@ -478,7 +457,7 @@ int main(int argc, char **argv) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
             }
         }
-        kd_kda_onepass_small_form(1), kd_kda_onepass_ws(0);
+        kd_kda_onepass_small_form(1);
     }
     kd_kda_onepass_sched(g_sched_default);
     kd_kda_force_r(0);
@@ -503,8 +482,7 @@ int main(int argc, char **argv) {
     }
     // ------------------------------------------------------------------- bench
     const int HV = 32, K = 128, V = 128, H = 32, Tw = 8, RC = 16; /* RC: records a slot (the lazy steps' 2T) */
-    /* KD_KDA_BENCH_LAZY_ONLY=1: only the copies, the default verify, the lazy steps of the one-pass forms and the
-     * warp-specialized lines */
+    /* KD_KDA_BENCH_LAZY_ONLY=1: only the copies, the default verify and the lazy steps of the one-pass forms */
     const bool lazy_only = getenv("KD_KDA_BENCH_LAZY_ONLY") && !strcmp(getenv("KD_KDA_BENCH_LAZY_ONLY"), "1");
     const bool lazy_sweep = getenv("KD_KDA_BENCH_LAZY_SWEEP") && !strcmp(getenv("KD_KDA_BENCH_LAZY_SWEEP"), "1");
     const size_t per = (size_t)HV * K * V; // floats per state (2 MiB)
@@ -578,7 +556,7 @@ int main(int argc, char **argv) {
             Res rr = {B, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
             for (const Timed &w : kTimed) {
                 if (w.small_only && B > 8) continue;
-                if (lazy_only && !(w.op == Timed::COPY || w.op == Timed::COPY_KERNEL || w.dst == &Res::def_us || w.ws ||
+                if (lazy_only && !(w.op == Timed::COPY || w.op == Timed::COPY_KERNEL || w.dst == &Res::def_us ||
                                    ((w.op == Timed::LAZY_KEEP || w.op == Timed::LAZY_WRITE) && w.split < 0)))
                     continue;
                 kd_kda_tensor_cores(w.tc, w.warps);
@@ -588,7 +566,6 @@ int main(int argc, char **argv) {
                 kd_kda_store_hint(w.hint);
                 kd_kda_onepass_sched(w.sched);
                 kd_kda_onepass_small_form(w.small);
-                kd_kda_onepass_ws(w.ws);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -628,7 +605,6 @@ int main(int argc, char **argv) {
             kd_kda_store_hint(1);
             kd_kda_onepass_sched(g_sched_default);
             kd_kda_onepass_small_form(1);
-            kd_kda_onepass_ws(0);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);

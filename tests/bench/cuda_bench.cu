@@ -20,8 +20,6 @@
 //   KD_BENCH_SMALL=1 cuda_bench ...: only steps of 1-128 requests at s = 0 and 1, the one-pass verify with its
 //   small-window form (kd_kda_onepass_small_form, the default) and without, alternated over 5 rounds (printed
 //   only).
-//   KD_BENCH_WS=1|2 cuda_bench ...: only steps of 8-128 requests, the warp-specialized one-pass verify's form 1
-//   or 2 (kd_kda_onepass_ws, an experiment) against the default, alternated over 5 rounds (printed only).
 //   KD_BENCH_LT=1 cuda_bench ...: only steps of 4-128 requests at s = 0, 2, 3 (12-512 rows), the products
 //   cuBLASLt takes with gemm_lt.cuh's table or with its heuristic's first (kd_cuda_set_lt), alternated over
 //   5 rounds (printed only).
@@ -447,23 +445,6 @@ int main(int argc, char **argv) {
                       kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
                   });
         kd_kda_onepass_small_form(1);
-        kd_engine_free(e);
-        kd_backend_free(be);
-        return 0;
-    }
-    if (getenv("KD_BENCH_WS")) { /* the warp-specialized one-pass verify (an experiment) against the default */
-        static int form;
-        if (!env_int("KD_BENCH_WS", 1, 2, &form)) {
-            fprintf(stderr, "KD_BENCH_WS: 1 or 2 (the form compared with the default)\n");
-            return 2;
-        }
-        const int pts[][2] = {{32, 0}, {32, 3}, {64, 3}, {128, 0}, {128, 3}, {8, 3}};
-        ab_rounds(be, VOC, "ws", pts, sizeof pts / sizeof pts[0], "the default", "warp-specialized", "the default",
-                  [](kd_backend *x, int m) {
-                      kd_kda_onepass_ws(m ? form : 0);
-                      kd_cuda_set_fuse(x, KD_CUDA_FUSE_DEFAULT); /* drops the graphs captured with the other */
-                  });
-        kd_kda_onepass_ws(0);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;

@@ -14,8 +14,6 @@
 // means per block of: start -> the tile's first half landed (the prologue included), -> its second half, ->
 // the end, the prologue's ends (fold half, window half) after the start; the blocks resident and those
 // still waiting for their state, on average and at the 10th / 50th percentile of the launch's time.
-// KD_TRACE_WS=0,1,2: the one-pass verify and the warp-specialized forms (kd_kda_onepass_ws) instead of the
-// load orders; for the latter the means per tile of the consumers' phases and of the producer's waits.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,23 +70,6 @@ int main(int argc, char **argv) {
             q = *end == ',' ? end + 1 : end;
         }
     }
-    /* KD_TRACE_WS: the warp-specialized forms to compare instead of the load orders (e.g. 0,1,2: the one-pass
-     * verify, kd_kda_onepass_ws(1), (2)); for forms 1-2 the means per tile of its consumers' phases and its
-     * producer's waits */
-    std::vector<int> wss;
-    if (const char *e = getenv("KD_TRACE_WS")) {
-        for (const char *q = e; *q;) {
-            char *end;
-            const long v = strtol(q, &end, 10);
-            if (end == q || v < 0 || v > 2) {
-                fprintf(stderr, "KD_TRACE_WS: a comma-separated list of 0..2\n");
-                return 2;
-            }
-            wss.push_back((int)v);
-            q = *end == ',' ? end + 1 : end;
-        }
-        scheds.assign(wss.size(), 1);
-    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     const int HV = 32, H = 32, K = 128, V = 128, RC = 16, nsm = prop.multiProcessorCount;
@@ -143,10 +124,8 @@ int main(int argc, char **argv) {
                 for (int r = 0; r < B; r++)
                     rows[r] = {r, r * T, T, step == 1 ? 2 * T : T, 0, 0, step == 0, nullptr};
                 CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-                for (size_t si = 0; si < scheds.size(); si++) {
-                    const int sched = scheds[si], ws = wss.empty() ? 0 : wss[si];
+                for (int sched : scheds) {
                     kd_kda_onepass_sched(sched);
-                    kd_kda_onepass_ws(ws);
                     cudaGraph_t gph;
                     cudaGraphExec_t ge;
                     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -157,11 +136,11 @@ int main(int argc, char **argv) {
                     }
                     CK(cudaStreamEndCapture(st, &gph));
                     CK(cudaGraphInstantiate(&ge, gph, 0));
-                    printf("B=%3d T=%d %-8s %s %d", B, T,
+                    printf("B=%3d T=%d %-8s sched %d", B, T,
                            step == 0   ? "keep"
                            : step == 1 ? "write"
                                        : "deferred",
-                           wss.empty() ? "sched" : "ws", wss.empty() ? sched : ws);
+                           sched);
                     printf(" %7.2f us", time_graph(ge, st, 20) * 1e3 / L);
                     /* one traced replay: the middle layer */
                     CK(cudaMemset(dtr, 0, nblk * 8 * 8));
@@ -170,19 +149,6 @@ int main(int argc, char **argv) {
                     CK(cudaStreamSynchronize(st));
                     kd_kda_trace_set(nullptr, nullptr);
                     CK(cudaMemcpy(tr.data(), dtr, nblk * 8 * 8, cudaMemcpyDeviceToHost));
-                    if (ws) { /* per block (one an SM): tiles, 4 consumer phases, 2 producer waits, summed */
-                        double sum[7] = {0, 0, 0, 0, 0, 0, 0};
-                        for (size_t b = 0; b < nblk && b < (size_t)nsm; b++)
-                            for (int e = 0; e < 7; e++) sum[e] += (double)tr[b * 8 + e];
-                        const double nt = sum[0] > 0 ? sum[0] : 1;
-                        printf(" | a tile: prologue %.2f, tile wait %.2f, fold + window %.2f, solve %.2f us; the "
-                               "producer's waits: stage %.2f, prologue area %.2f us (%.0f tiles)\n",
-                               sum[1] / nt / 1e3, sum[2] / nt / 1e3, sum[3] / nt / 1e3, sum[4] / nt / 1e3,
-                               sum[5] / nt / 1e3, sum[6] / nt / 1e3, sum[0]);
-                        fflush(stdout);
-                        cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
-                        continue;
-                    }
                     unsigned long long t0 = ~0ull, t1 = 0;
                     double ld = 0, l2 = 0, cp = 0, pf = 0, pw = 0;
                     size_t npf = 0, npw = 0; /* the blocks whose prologue stamps are there and after their start */
@@ -221,7 +187,6 @@ int main(int argc, char **argv) {
                     cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
                 }
                 kd_kda_onepass_sched(1);
-                kd_kda_onepass_ws(0);
             }
         for (float *b : bufs)
             cudaFree(b);
