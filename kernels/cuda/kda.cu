@@ -1471,8 +1471,8 @@ __host__ __device__ constexpr int tc_onepass_smem(int K, int NT, int FR) {
 
 // The one-pass verify's threads and the floats of a warp's partial sums (16, then M and N's 128)
 constexpr int kOnepassThreads = 256, kOnepassNR = 144;
-// The one-pass verify's prologue (threads [0, 128): c = tid, [128, 256): c = tid - 128). The fold half: the fold weights W [F][K + 8] and cpF from the records' keys and
-// decays.
+// The one-pass verify's prologue (threads [0, 128): c = tid, [128, 256): c = tid - 128). The fold half:
+// the fold weights W [F][K + 8] and cpF from the records' keys and decays.
 template <int K>
 __device__ __forceinline__ void onepass_fold_weights(const float (&kr)[16], const float (&d)[16], int F, int c,
                                                      bool act, float *wf, float *cpF) {
@@ -1628,6 +1628,7 @@ __device__ __forceinline__ unsigned long long kd_gtime() {
  * 3-10 % slower than this one (tests/bench/results/logs/ws_small_h100_2fe57cf.log) */
 template <int K, int NT, bool CS = false, int SCHED = 0, int VAR = 0>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
+    static_assert(VAR == 0 || VAR == 1, "VAR: 0 or 1");
     extern __shared__ __align__(16) float smem[];
     KD_TRACE_DECL
     KD_TRACE_START
@@ -1708,7 +1709,6 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     const bool ccf = F <= 2, ccw = T <= 2;
     /* the fold-free kept step (onepass_ff_g; block-uniform) at windows of 3-4 with folds of 3 or more */
     const bool ff = VAR == 0 && NT == 1 && row.keep && !ccf && !ccw;
-    static_assert(VAR == 0 || VAR == 1, "VAR: 0 or 1");
     float *G = red; /* [16][17]: red's first 4 warps' part is unused */
     onepass_pad<K, NT>(wf, aw, F, T, ccf, ccw, tid);
     if (tid < T) sb[tid] = bload;
