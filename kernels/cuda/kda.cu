@@ -1625,11 +1625,10 @@ __device__ __forceinline__ unsigned long long kd_gtime() {
  * fold-free kept step is never taken): the form without that step's code. Measured on an H100 (kda_check's
  * lazy lines, one build, 2fe57cf): kept steps at T = 2 0.5-1.7 % faster from B = 8 (B = 256 222.6 -> 218.9 us,
  * B = 512 432.5 -> 425.9), at T = 1 0-0.7 %, written steps unchanged; a form also without the early window was
- * 3-10 % slower than this one (tests/bench/results/logs/ws_small_h100_2fe57cf.log). VAR 2 (an experiment,
- * kd_kda_onepass_ff_wide): the fold-free kept step at windows of 5-8 (NT = 2) too. */
+ * 3-10 % slower than this one (tests/bench/results/logs/ws_small_h100_2fe57cf.log) */
 template <int K, int NT, bool CS = false, int SCHED = 0, int VAR = 0>
 __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_args a) {
-    static_assert(VAR >= 0 && VAR <= 2, "VAR: 0, 1 or 2");
+    static_assert(VAR == 0 || VAR == 1, "VAR: 0 or 1");
     extern __shared__ __align__(16) float smem[];
     KD_TRACE_DECL
     KD_TRACE_START
@@ -1709,7 +1708,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     /* small folds and windows on the CUDA cores (cc_fold, cc_window_acc) */
     const bool ccf = F <= 2, ccw = T <= 2;
     /* the fold-free kept step (onepass_ff_g; block-uniform) at windows of 3-4 with folds of 3 or more */
-    const bool ff = (VAR == 0 && NT == 1 || VAR == 2) && row.keep && !ccf && !ccw;
+    const bool ff = VAR == 0 && NT == 1 && row.keep && !ccf && !ccw;
     float *G = red; /* [16][17]: red's first 4 warps' part is unused */
     onepass_pad<K, NT>(wf, aw, F, T, ccf, ccw, tid);
     if (tid < T) sb[tid] = bload;
@@ -1911,7 +1910,6 @@ int g_onepass_pdl = 1; /* kd_kda_onepass_pdl */
 int g_store_cs = 1;
 int g_onepass_sched = 1; /* kd_kda_onepass_sched */
 int g_onepass_small = 1;  /* kd_kda_onepass_small_form */
-int g_onepass_ff_wide;    /* kd_kda_onepass_ff_wide */
 
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_t s) {
@@ -1928,11 +1926,6 @@ cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_
     if constexpr (K == 128 && NT == 1)
         if (g_onepass_small && g_onepass_sched == 1 && max_len <= 2)
             f = g_store_cs ? verify_onepass_kernel<K, NT, true, 1, 1> : verify_onepass_kernel<K, NT, false, 1, 1>;
-    /* the fold-free kept step at windows of 5-8 (an experiment, off by default: kd_kda_onepass_ff_wide), K = 128,
-     * the default order (3 there) */
-    if constexpr (K == 128 && NT == 2)
-        if (g_onepass_ff_wide && g_onepass_sched == 1)
-            f = g_store_cs ? verify_onepass_kernel<K, NT, true, 3, 2> : verify_onepass_kernel<K, NT, false, 3, 2>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (!(kd_cuda_pdl && g_onepass_pdl)) {
         f<<<dim3((a->V + 127) / 128, a->HV, a->n_rows), 256, sm, s>>>(*a);
@@ -2187,11 +2180,6 @@ extern "C" int kd_kda_verify(const kd_kda_args *a, kd_kda_mode mode, int max_len
 }
 
 extern "C" void kd_kda_onepass_pdl(int on) { g_onepass_pdl = on; }
-extern "C" int kd_kda_onepass_ff_wide(int on) {
-    const int was = g_onepass_ff_wide;
-    g_onepass_ff_wide = on != 0;
-    return was;
-}
 extern "C" int kd_kda_onepass_small_form(int form) {
     if (form < 0 || form > 1) return -1;
     const int was = g_onepass_small;

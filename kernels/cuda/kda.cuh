@@ -179,9 +179,6 @@ int kd_kda_onepass_sched(int sched);
 // at T = 2 on an H100), 0 the general form (benchmarks). Returns the setting it replaces, or -1 (and changes
 // nothing) for a value outside 0..1.
 int kd_kda_onepass_small_form(int form);
-// An experiment, off by default (0): with 1, launches of the one-pass verify at K = 128 with windows of 5-8
-// (the default order) take the fold-free kept step too (kda.cu, onepass_ff_g). Returns the setting it replaces.
-int kd_kda_onepass_ff_wide(int on);
 // Benchmarks: force the lanes per value column (2, 4, 8 at K = 128; 0: choose).
 void kd_kda_force_r(int r);
 // Tests and benchmarks: the deferred verify in closed form (see kda.cu) instead of token by

@@ -297,7 +297,6 @@ struct Timed {
     const char *sweep;
     int sched = 1; /* kd_kda_onepass_sched */
     int small = 1; /* kd_kda_onepass_small_form */
-    int ffw = 0;   /* kd_kda_onepass_ff_wide */
 };
 static const Timed kTimed[] = {
     {Timed::COPY, 1, 0, 0, -1, 1, 1, 1, false, &Res::copy_us, nullptr},
@@ -331,9 +330,6 @@ static const Timed kTimed[] = {
      * runs either way, so those lines measure the noise) */
     {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, no small form", 1, 0},
     {Timed::LAZY_WRITE, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 write, no small form", 1, 0},
-    /* the fold-free kept step at windows of 5-8 (an experiment; printed only; kept steps: at windows of 1-4 the
-     * default runs, so those lines measure the noise) */
-    {Timed::LAZY_KEEP, 1, 0, 0, -1, 1, 1, 1, false, nullptr, "lazy x2 keep, fold-free at 5-8", 1, 1, 1},
 };
 
 // Random fill on the device (the benchmark never times zeros): uniform in [-scale, scale].
@@ -444,22 +440,14 @@ int main(int argc, char **argv) {
      * each at every window; then windows of 1-2 tokens with and without the small-window form
      * (kd_kda_onepass_small_form, with and without the lazy checkpoint) */
     if (!prof_b && (only == 0 || only == 1 || only == 4 || only == 5) && g_sched_default == 1) {
-        /* order, small form, what: 0 orders, 1 windows of 2, 2 the fold-free kept step at windows of 5-8 */
-        const int forms[][3] = {{0, 1, 0}, {2, 1, 0}, {3, 1, 0}, {1, 1, 1}, {1, 0, 1}, {1, 1, 2}};
+        const int forms[][3] = {{0, 1, 0}, {2, 1, 0}, {3, 1, 0}, {1, 1, 1}, {1, 0, 1}}; /* order, small form, windows of 2 */
         for (const auto &fm : forms) {
             if (only == 5 && !fm[2]) continue;
             kd_kda_tensor_cores(1, 0), kd_kda_force_r(0), kd_kda_split(3);
-            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]), kd_kda_onepass_ff_wide(fm[2] == 2);
-            if (fm[2] == 2) printf("path: one-pass verify, fold-free kept steps at windows of 5-8\n");
-            else if (fm[2]) printf("path: one-pass verify, windows of 1-2, small-window form %s\n", fm[1] ? "on" : "off");
+            kd_kda_onepass_sched(fm[0]), kd_kda_onepass_small_form(fm[1]);
+            if (fm[2]) printf("path: one-pass verify, windows of 1-2, small-window form %s\n", fm[1] ? "on" : "off");
             else printf("path: one-pass verify, loads in order %d at every window\n", fm[0]);
             for (const Shape &s : shapes) {
-                if (fm[2] == 2) {
-                    if (s.K != 128) continue;
-                    fails += check_shape(s, KD_KDA_DEFERRED, 8, s.B > 8 ? 6 : 12, 2);
-                    fails += check_shape(s, KD_KDA_DEFERRED, 6, s.B > 8 ? 6 : 12, 2);
-                    continue;
-                }
                 if (fm[2]) {
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12);
                     fails += check_shape(s, KD_KDA_DEFERRED, 2, s.B > 8 ? 6 : 12, 2);
@@ -469,7 +457,7 @@ int main(int argc, char **argv) {
                 fails += check_shape(s, KD_KDA_DEFERRED, 4, s.B > 8 ? 6 : 12, 2);
             }
         }
-        kd_kda_onepass_small_form(1), kd_kda_onepass_ff_wide(0);
+        kd_kda_onepass_small_form(1);
     }
     kd_kda_onepass_sched(g_sched_default);
     kd_kda_force_r(0);
@@ -578,7 +566,6 @@ int main(int argc, char **argv) {
                 kd_kda_store_hint(w.hint);
                 kd_kda_onepass_sched(w.sched);
                 kd_kda_onepass_small_form(w.small);
-                kd_kda_onepass_ff_wide(w.ffw);
                 kd_kda_split(w.split < 0 ? g_split_default : w.split);
                 cudaGraph_t gph;
                 cudaGraphExec_t ge;
@@ -618,7 +605,6 @@ int main(int argc, char **argv) {
             kd_kda_store_hint(1);
             kd_kda_onepass_sched(g_sched_default);
             kd_kda_onepass_small_form(1);
-            kd_kda_onepass_ff_wide(0);
             kd_kda_onepass_pdl(1);
             kd_kda_pdl(1);
             kd_kda_split(g_split_default);

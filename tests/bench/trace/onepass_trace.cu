@@ -10,14 +10,13 @@
 // Run: onepass_trace [B ...]   (default 128 512). Per B, T, step (keep: fold T and keep the state, the lazy
 // checkpoint's first step; write: fold 2T and write it; deferred: fold T and write) and load order
 // (kd_kda_onepass_sched 0 / 2, twice, alternated; KD_TRACE_SCHEDS=a,b,...: others; KD_TRACE_T=t: that window
-// alone; KD_TRACE_FFW=1: each order without and with kd_kda_onepass_ff_wide): the graph's time per layer, then from one traced launch the
+// alone): the graph's time per layer, then from one traced launch the
 // means per block of: start -> the tile's first half landed (the prologue included), -> its second half, ->
 // the end, the prologue's ends (fold half, window half) after the start; the blocks resident and those
 // still waiting for their state, on average and at the 10th / 50th percentile of the launch's time.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -71,9 +70,6 @@ int main(int argc, char **argv) {
             q = *end == ',' ? end + 1 : end;
         }
     }
-    /* KD_TRACE_FFW=1: each order twice, without and with the fold-free kept step at windows of 5-8
-     * (kd_kda_onepass_ff_wide, an experiment) */
-    const bool ffw_ab = getenv("KD_TRACE_FFW") && !strcmp(getenv("KD_TRACE_FFW"), "1");
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     const int HV = 32, H = 32, K = 128, V = 128, RC = 16, nsm = prop.multiProcessorCount;
@@ -128,10 +124,8 @@ int main(int argc, char **argv) {
                 for (int r = 0; r < B; r++)
                     rows[r] = {r, r * T, T, step == 1 ? 2 * T : T, 0, 0, step == 0, nullptr};
                 CK(cudaMemcpy(drows, rows.data(), B * sizeof(kd_kda_row), cudaMemcpyHostToDevice));
-                for (size_t si = 0; si < scheds.size() * (ffw_ab ? 2 : 1); si++) {
-                    const int sched = scheds[ffw_ab ? si / 2 : si], ffw = ffw_ab ? (int)(si % 2) : 0;
+                for (int sched : scheds) {
                     kd_kda_onepass_sched(sched);
-                    kd_kda_onepass_ff_wide(ffw);
                     cudaGraph_t gph;
                     cudaGraphExec_t ge;
                     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -147,7 +141,6 @@ int main(int argc, char **argv) {
                            : step == 1 ? "write"
                                        : "deferred",
                            sched);
-                    if (ffw_ab) printf(" ffw %d", ffw);
                     printf(" %7.2f us", time_graph(ge, st, 20) * 1e3 / L);
                     /* one traced replay: the middle layer */
                     CK(cudaMemset(dtr, 0, nblk * 8 * 8));
@@ -194,7 +187,6 @@ int main(int argc, char **argv) {
                     cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
                 }
                 kd_kda_onepass_sched(1);
-                kd_kda_onepass_ff_wide(0);
             }
         for (float *b : bufs)
             cudaFree(b);
