@@ -1539,7 +1539,8 @@ __device__ __forceinline__ void onepass_mn(const float *red, float *M, int c, in
 // with folds of 3 or more (smaller ones fold on the CUDA cores). Measured on an H100 (kda_check, kept
 // steps, the same build with and without): T = 4 2.8-5.1 % faster from B = 8 (B = 128 146.7 -> 139.7
 // us), T = 1-2 unchanged (not taken); at windows of 5-8 it was 6-9 % slower (B = 128 T = 8 190.1 ->
-// 206.5 us; not understood), so not taken there; 48B steps within +-1 %, the noise of that
+// 206.5 us), so not taken there: the blocks' compute gets shorter but their tile's second half lands ~2 us
+// later (tests/bench/results/tried/README.md, ff_wide_tried.patch); 48B steps within +-1 %, the noise of that
 // benchmark (tests/bench/results/logs/fold_free_h100_23eab87.log). G [16][17] from W [F][K + 8] and
 // A [2T][K + 8] in shared memory: 8 threads an entry, 4 channels at a time, then their sums by
 // shuffles.
