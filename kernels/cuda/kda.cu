@@ -1654,14 +1654,11 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     /* SCHED 3: blocks of the grid's first wave (2 an SM) in the order of SCHED 0, the later ones (they start
      * after the kernel before has finished, since every first-wave block waits for it) with all of the
      * prologue's inputs loaded before the tile */
-    /* SCHED 4 (an experiment): as 3, but only every other block past the first wave takes the inputs first (a
-     * wave's blocks in two orders, so that their loads and computes interleave) */
     bool later = false;
-    if constexpr (SCHED == 3 || SCHED == 4) {
+    if constexpr (SCHED == 3) {
         unsigned nsm;
         asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-        const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        later = lin >= 2 * nsm && (SCHED == 3 || (lin & 1));
+        later = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) >= 2 * nsm;
     }
     if (SCHED == 1 || later)
         if (tid < 128) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
@@ -1702,10 +1699,10 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     }
     // (1) the prologue, in two halves
     if (tid < 128) { /* the records (keys and decays): fold weights */
-        if (SCHED == 0 || (SCHED >= 3 && !later)) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
+        if (SCHED == 0 || (SCHED == 3 && !later)) onepass_records<K>(a, row, slot, h, F, c, act, kr, d);
         onepass_fold_weights<K>(kr, d, F, c, act, wf, cpF);
     } else { /* the window: decayed keys and queries, M and N; the new records */
-        if (SCHED == 0 || (SCHED >= 3 && !later)) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
+        if (SCHED == 0 || (SCHED == 3 && !later)) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
         onepass_window_prep<K>(a, row, slot, h, T, c, act, blockIdx.x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
     }
     KD_TRACE_PRO(0)
@@ -1924,7 +1921,6 @@ cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_
     const int sched = g_onepass_sched == 1 ? (NT == 1 ? 1 : 3) : g_onepass_sched == 2 ? 1 : g_onepass_sched;
     auto f = sched == 1   ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, false, 1>)
              : sched == 3 ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 3> : verify_onepass_kernel<K, NT, false, 3>)
-             : sched == 4 ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 4> : verify_onepass_kernel<K, NT, false, 4>)
                           : (g_store_cs ? verify_onepass_kernel<K, NT, true, 0> : verify_onepass_kernel<K, NT, false, 0>);
     /* the small-window form (the default, kd_kda_onepass_small_form): K = 128, the default order, launches
      * whose windows are all of 1-2 tokens */
@@ -2192,7 +2188,7 @@ extern "C" int kd_kda_onepass_small_form(int form) {
     return was;
 }
 extern "C" int kd_kda_onepass_sched(int sched) {
-    if (sched < 0 || sched > 4) return -1;
+    if (sched < 0 || sched > 3) return -1;
     const int was = g_onepass_sched;
     g_onepass_sched = sched;
     return was;

@@ -171,9 +171,8 @@ int kd_kda_store_hint(int on);
 // before the state tile, the window's keys, queries and decays before its second half) for windows of up
 // to 4 tokens, above them order 3; 0 the state tile first, 2 the prologue's inputs first, 3 the state tile
 // first in the grid's first wave and all of the prologue's inputs before it in the blocks after, at every
-// window (tests, benchmarks); 4 (an experiment) as 3 but only every other block past the first wave with the
-// inputs first. See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and changes nothing)
-// for a value outside 0..4.
+// window (tests, benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
+// changes nothing) for a value outside 0..3.
 int kd_kda_onepass_sched(int sched);
 // Launches of the one-pass verify (K = 128, the default order) whose windows are all of 1-2 tokens: 1 (the
 // default) take a form without the fold-free kept step's code (never taken there; 0.5-1.7 % faster kept steps

@@ -6,7 +6,7 @@
 //          the tile, K = 32/64/128, odd batch sizes); outputs poisoned before each launch; the lazy
 //          checkpoint (kd_kda_row.keep: verifies that keep their folded state, folds of held tokens).
 //          KD_KDA_BENCH_LAZY_ONLY=1 / KD_KDA_BENCH_LAZY_SWEEP=1: the bench's lazy steps only / at factors 2-8.
-//          KD_KDA_ONEPASS_SCHED=0..4: the checks with the one-pass verify's loads in that order (the
+//          KD_KDA_ONEPASS_SCHED=0..3: the checks with the one-pass verify's loads in that order (the
 //          benchmark sets each line's order itself).
 //   bench: HV = 32, K = V = 128, fp32 state, T in {1,2,4,8}, B in {1..512}; graphs of one
 //          launch per layer over enough layers that the states exceed the L2 cache
@@ -357,7 +357,7 @@ int main(int argc, char **argv) {
     const char *commit = argc > 2 ? argv[2] : "unknown";
     /* KD_KDA_BENCH_FOLD (see the bench); KD_KDA_BENCH_LAYERS=n: the bench's graphs have at least n layers */
     int bench_fold = 0, min_layers = 1;
-    if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 4, &g_sched_default) ||
+    if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 3, &g_sched_default) ||
         !env_int("KD_KDA_BENCH_FOLD", 0, 8, &bench_fold) || !env_int("KD_KDA_BENCH_LAYERS", 1, 64, &min_layers))
         return 2;
     int dev = 0;

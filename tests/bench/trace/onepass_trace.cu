@@ -62,8 +62,8 @@ int main(int argc, char **argv) {
         for (const char *q = e; *q;) {
             char *end;
             const long v = strtol(q, &end, 10);
-            if (end == q || v < 0 || v > 4) {
-                fprintf(stderr, "KD_TRACE_SCHEDS: a comma-separated list of 0..4\n");
+            if (end == q || v < 0 || v > 3) {
+                fprintf(stderr, "KD_TRACE_SCHEDS: a comma-separated list of 0..3\n");
                 return 2;
             }
             scheds.push_back((int)v);
