@@ -17,7 +17,7 @@
 // Run: wave_probe [B ...] (default 128 512): per B (B x 32 tiles), kept and written steps, iters 0, 4, 8, 16, 32,
 // each form: the median time of 15 launches and its ratio to a device-to-device copy of the same bytes (kept steps
 // read only half of them), then one table line per point.
-// Measured on an H100 (tests/bench/results/logs/wave_probe_h100_967fce5.log): with a compute of up to 1.43 us a
+// Measured on an H100 (tests/bench/results/wave_probe_h100.md / .json): with a compute of up to 1.43 us a
 // block after its tile lands (iters 16; 2.67 us at 32) every form stays at the copy's rate: written steps
 // 1.006-1.021 x the copy at B = 128 and 512 (staged2 1.015-1.021, regs3 1.010-1.017), kept steps 0.47-0.51 x; only
 // at iters 32 do kept steps lose (staged2 0.55-0.59, regs3 0.49-0.52). So on the H100 the waves' lockstep with the
