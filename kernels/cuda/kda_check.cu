@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cuda/ck.cuh"
+#include "kernels/cuda/green.cuh"
 #include "kernels/cuda/kda.cuh"
 
 /* the verify form of the default path (KD_KDA_SPLIT: see kd_kda_split; 1 chosen by size) */
@@ -360,10 +361,13 @@ int main(int argc, char **argv) {
     if (!env_int("KD_KDA_SPLIT", 0, 5, &g_split_default) || !env_int("KD_KDA_ONEPASS_SCHED", 0, 3, &g_sched_default) ||
         !env_int("KD_KDA_BENCH_FOLD", 0, 8, &bench_fold) || !env_int("KD_KDA_BENCH_LAYERS", 1, 64, &min_layers))
         return 2;
+    const int green = kd_green_from_env(); /* KD_GREEN_SMS (green.cuh): the run on part of the SMs */
+    if (green < 0) return 2;
     int dev = 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, dev));
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    if (green) printf("green context (KD_GREEN_SMS): %d SMs; a probe kernel ran on %d\n", green, kd_green_distinct_sms());
     g_rng ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
     kd_kda_onepass_sched(g_sched_default);
     int fails = 0;

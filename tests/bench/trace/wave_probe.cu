@@ -16,7 +16,8 @@
 //     -o wave_probe
 // Run: wave_probe [B ...] (default 128 512): per B (B x 32 tiles), kept and written steps, iters 0, 4, 8, 16, 32,
 // each form: the median time of 15 launches and its ratio to a device-to-device copy of the same bytes (kept steps
-// read only half of them), then one table line per point.
+// read only half of them; the faster of cudaMemcpyAsync and a copy kernel on the SMs, both printed), then one table
+// line per point. KD_GREEN_SMS=n runs it all on n SMs (kernels/cuda/green.cuh: more bandwidth an SM, as on an H200).
 // Measured on an H100 (tests/bench/results/wave_probe_h100.md / .json): with a compute of up to 1.43 us a
 // block after its tile lands (iters 16; 2.67 us at 32) every form stays at the copy's rate: written steps
 // 1.006-1.021 x the copy at B = 128 and 512 (staged2 1.015-1.021, regs3 1.010-1.017), kept steps 0.47-0.51 x; only
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/ck.cuh"
+#include "kernels/cuda/green.cuh"
 
 namespace {
 
@@ -113,6 +115,11 @@ __global__ void __launch_bounds__(256, 2) calib(int iters, unsigned long long *n
     if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
 }
 
+/* the copy floor's second form (as kda_check's): a grid-stride copy in 16-byte accesses, on the SMs */
+__global__ void copy4(const float4 *s, float4 *d, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = s[i];
+}
+
 template <class F>
 float median_us(F launch, cudaStream_t s, int reps = 15) {
     cudaEvent_t a, b;
@@ -148,9 +155,12 @@ int main(int argc, char **argv) {
         Bs.push_back(b);
     }
     if (Bs.empty()) Bs = {128, 512};
+    const int green = kd_green_from_env();
+    if (green < 0) return 2;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    if (green) printf("green context (KD_GREEN_SMS): %d SMs; a probe kernel ran on %d\n", green, kd_green_distinct_sms());
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     const size_t sm2 = 100 * 1024, sm3 = 60 * 1024;
@@ -195,7 +205,12 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&st, bytes));
         CK(cudaMalloc(&dst, bytes));
         CK(cudaMemset(st, 0, bytes));
-        const float copy = median_us([&] { CK(cudaMemcpyAsync(dst, st, bytes, cudaMemcpyDeviceToDevice, s)); }, s);
+        const float copy_api = median_us([&] { CK(cudaMemcpyAsync(dst, st, bytes, cudaMemcpyDeviceToDevice, s)); }, s);
+        const float copy_k = median_us(
+            [&] { copy4<<<prop.multiProcessorCount * 8, 256, 0, s>>>((const float4 *)st, (float4 *)dst, bytes / 16); }, s);
+        const float copy = std::min(copy_api, copy_k);
+        printf("B = %d: copy of %.0f MiB: cudaMemcpyAsync %.1f us, copy kernel %.1f us (the floor: the faster)\n", B,
+               bytes / 1048576.0, copy_api, copy_k);
         for (int w = 0; w < 2; w++)
             for (int iters : {0, 4, 8, 16, 32}) {
                 float t[3];
