@@ -713,6 +713,30 @@ __device__ __forceinline__ void tile_fetch(float *st, const float *S, int V, int
             }
     }
 }
+// The same for a whole column block (j0 + CB <= V) whose rows are 16-byte aligned (V % 4 == 0, S aligned): rows
+// [R0, R1) by NTH threads, each at fixed strides, unrolled, 16 bytes a copy. tile_fetch's general loop spent ~30
+// instructions a copy on its index arithmetic and guards, which in the one-pass verify was 23 % of a kept step's
+// instructions (ncu, B = 128 T = 4: 512 of 2234 a warp).
+template <int CB, int NTH, int R0, int R1>
+__device__ __forceinline__ void tile_fetch_full(float *st, const float *S, int V, int j0) {
+    constexpr int SP = CB + 4, CPR = CB / 4, RPP = NTH / CPR; /* 16-byte copies a row, rows a pass */
+    static_assert(NTH % CPR == 0 && (R1 - R0) % RPP == 0, "whole passes");
+    const int r = R0 + (int)threadIdx.x / CPR, j = (int)threadIdx.x % CPR * 4;
+    const float *src = S + (size_t)r * V + j0 + j;
+    float *d = st + r * SP + j;
+    const size_t step = (size_t)RPP * V;
+#pragma unroll
+    for (int p = 0; p < (R1 - R0) / RPP; p++) cp_async16(d + p * RPP * SP, src + p * step);
+}
+// n rows of CB floats (row t at src + t * stride, 16-byte aligned: stride % 4 == 0) into dst + t * DP, 16 bytes a copy
+template <int CB, int DP, int NTH>
+__device__ __forceinline__ void rows_fetch_full(float *dst, const float *src, size_t stride, int n) {
+    constexpr int CPR = CB / 4;
+    for (int i = threadIdx.x; i < n * CPR; i += NTH) {
+        const int t = i / CPR, jj = i % CPR * 4;
+        cp_async16(dst + t * DP + jj, src + t * stride + jj);
+    }
+}
 // The lane's mma-layout values (value columns vl, vl + 1) from the tile.
 template <int KT, int SP, int KT0 = 0, int KT1 = KT> /* key tiles [KT0, KT1) */
 __device__ __forceinline__ void tile_to_regs(float (&s)[KT][4], const float *st, int vl, int q) {
@@ -1376,6 +1400,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) verify_split_kernel(const kd_kd
 // 175.1 -> 191.7 us in the trace probe, 48B steps up to 4.4 %: logs/onepass_sched3_h100_e980118.log).
 // ptxas reported 8 bytes of spills in the SCHED 1 form, 16 in SCHED 3's (none in SCHED 0), included in
 // the times above; none in any K = 128 form since the early window (ad1d8c1).
+// Since the copies of whole column blocks issue in ~4 instructions instead of ~30 (tile_fetch_full), SCHED 1
+// is the default at windows of 5-8 too: on an H100 (onepass_trace, T = 8, B = 128 / 512, one build each) SCHED
+// 3 with the fast copies was 6-17 % slower than before them, SCHED 1 with them 1-10 % faster than SCHED 3
+// before them (kept steps B = 128 196.1 -> 176.2 us), and on 88 of its SMs (KD_GREEN_SMS, an H200's bandwidth
+// an SM) 10-15 % faster (kept 278.7 -> 239.2, written 371.6 -> 327.6, deferred 327.6 -> 297.8):
+// tests/bench/results/logs/fast_copies_h100.log.
 
 // Small windows on the CUDA cores, in the lane's mma-layout registers (rows kt * 8 + 2q, + 1 of
 // value columns vl, vl + 1): the fold of F <= 2 records and the window product of T <= 2
@@ -1666,20 +1696,31 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         pdl_wait();
         if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
     }
-    tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
-    for (int i = tid; i < F * CB; i += NTH) {
-        const int t = i / CB, jj = i % CB;
-        if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
-        else su[t * UP + jj] = 0.f;
-    }
-    for (int i = tid; i < T * CB; i += NTH) {
-        const int t = i / CB, jj = i % CB;
-        if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
-        else sv[i] = 0.f;
+    /* a whole, 16-byte aligned column block (the rule at V = 128 and the backend's layouts): every copy 16 bytes,
+     * unrolled at fixed strides (tile_fetch_full; the general loops' index arithmetic was a quarter of a kept
+     * step's instructions) */
+    const bool full = V % 4 == 0 && j0 + CB <= V && (((uintptr_t)S | (uintptr_t)a.rec_u | (uintptr_t)a.v) & 15) == 0;
+    if (full) {
+        tile_fetch_full<CB, NTH, 0, K / 2>(st, S, V, j0);
+        rows_fetch_full<CB, UP, NTH>(su, a.rec_u + ((slot * Tw) * a.HV + h) * V + j0, (size_t)a.HV * V, F);
+        rows_fetch_full<CB, CB, NTH>(sv, a.v + ((size_t)row.start * a.HV + h) * V + j0, (size_t)a.HV * V, T);
+    } else {
+        tile_fetch<K, CB>(st, S, V, j0, 0, K / 2);
+        for (int i = tid; i < F * CB; i += NTH) {
+            const int t = i / CB, jj = i % CB;
+            if (j0 + jj < V) cp_async4(su + t * UP + jj, a.rec_u + ((slot * Tw + t) * a.HV + h) * V + j0 + jj);
+            else su[t * UP + jj] = 0.f;
+        }
+        for (int i = tid; i < T * CB; i += NTH) {
+            const int t = i / CB, jj = i % CB;
+            if (j0 + jj < V) cp_async4(sv + i, a.v + (((size_t)row.start + t) * a.HV + h) * V + j0 + jj);
+            else sv[i] = 0.f;
+        }
     }
     cp_async_commit();
     if (SCHED != 1) {
-        tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+        if (full) tile_fetch_full<CB, NTH, K / 2, K>(st, S, V, j0);
+        else tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
         cp_async_commit();
     }
     pdl_wait(); // the kernel before has finished (a no-op in plain stream order)
@@ -1694,7 +1735,8 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
     const float bload = tid < T ? a.beta[((size_t)row.start + tid) * a.HV + h] : 0.f;
     if constexpr (SCHED == 1) {
         if (tid >= 128) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
-        tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
+        if (full) tile_fetch_full<CB, NTH, K / 2, K>(st, S, V, j0);
+        else tile_fetch<K, CB>(st, S, V, j0, K / 2, K);
         cp_async_commit();
     }
     // (1) the prologue, in two halves
@@ -1915,10 +1957,8 @@ int g_onepass_small = 1;  /* kd_kda_onepass_small_form */
 template <int K, int NT>
 cudaError_t launch_verify_onepass(const kd_kda_args *a, int max_len, cudaStream_t s) {
     const size_t sm = (size_t)tc_onepass_smem(K, NT, (a->Tw + 7) / 8 * 8) * sizeof(float);
-    /* by default the prologue's inputs first (SCHED 1) for windows of up to 4 tokens (NT = 1), and for longer
-     * ones the tile first in the grid's first wave and the inputs first after it (SCHED 3); see the kernel's
-     * comment */
-    const int sched = g_onepass_sched == 1 ? (NT == 1 ? 1 : 3) : g_onepass_sched == 2 ? 1 : g_onepass_sched;
+    /* by default (1, and 2) the prologue's inputs first (SCHED 1) at every window; see the kernel's comment */
+    const int sched = g_onepass_sched == 2 ? 1 : g_onepass_sched;
     auto f = sched == 1   ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 1> : verify_onepass_kernel<K, NT, false, 1>)
              : sched == 3 ? (g_store_cs ? verify_onepass_kernel<K, NT, true, 3> : verify_onepass_kernel<K, NT, false, 3>)
                           : (g_store_cs ? verify_onepass_kernel<K, NT, true, 0> : verify_onepass_kernel<K, NT, false, 0>);

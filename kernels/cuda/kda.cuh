@@ -48,9 +48,9 @@
 //   instructions; 1.17 -> 1.07 x the copy on an H200). It writes the folded checkpoint with
 //   evict-first stores (kd_kda_store_hint): in a 48B step the plain stores' dirty lines were
 //   still leaving the L2 during the weight products after the verify (kda.cu has the figures).
-//   At windows of up to 4 tokens the prologue's inputs are loaded first, the window's before the
-//   tile's second half (kd_kda_onepass_sched): a block otherwise waited on them, not on its state;
-//   at longer windows all of them before the tile, past the grid's first wave.
+//   The prologue's inputs are loaded first, the window's before the tile's second half
+//   (kd_kda_onepass_sched): a block otherwise waited on them, not on its state. A whole column block's
+//   copies go 16 bytes at a time at fixed strides (tile_fetch_full).
 // - CUDA cores at B <= 2 (below), for the verify and the commit.
 // The one-kernel form (verify_tc_kernel: each 64-column block computes the prologue
 // itself) and the commit (commit_tc_kernel, the default above B = 2) use the same
@@ -167,11 +167,11 @@ void kd_kda_onepass_pdl(int on);
 // The one-pass verify writes the folded checkpoint with evict-first stores (1, st.global.cs: the
 // default, see kda.cu) or plain ones (0; benchmarks and tests). Returns the setting it replaces.
 int kd_kda_store_hint(int on);
-// The one-pass verify's loads: 1 (the default) the prologue's inputs first (the records' keys and decays
-// before the state tile, the window's keys, queries and decays before its second half) for windows of up
-// to 4 tokens, above them order 3; 0 the state tile first, 2 the prologue's inputs first, 3 the state tile
-// first in the grid's first wave and all of the prologue's inputs before it in the blocks after, at every
-// window (tests, benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
+// The one-pass verify's loads: 1 (the default; 2 the same) the prologue's inputs first (the records' keys
+// and decays before the state tile, the window's keys, queries and decays before its second half); 0 the
+// state tile first, 3 the state tile first in the grid's first wave and all of the prologue's inputs before it
+// in the blocks after (until the fast copies, the default at windows of 5-8), at every window (tests,
+// benchmarks). See kda.cu, verify_onepass_kernel. Returns the setting it replaces, or -1 (and
 // changes nothing) for a value outside 0..3.
 int kd_kda_onepass_sched(int sched);
 // Launches of the one-pass verify (K = 128, the default order) whose windows are all of 1-2 tokens: 1 (the

@@ -669,12 +669,17 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/kda_h200.md", out);
     FILE *md = fopen(path, "w");
     if (!md) return fprintf(stderr, "kda_check: cannot write %s: %s\n", path, strerror(errno)), fclose(js), 1;
+    char devname[400]; /* a run on part of the SMs says so in its tables */
+    if (green)
+        snprintf(devname, sizeof devname, "%s, on %d of its %d SMs (KD_GREEN_SMS)", prop.name, green,
+                 prop.multiProcessorCount);
+    else snprintf(devname, sizeof devname, "%s", prop.name);
     time_t tt = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
     fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"kda_check\","
                 "\"state\":\"HV=32 K=V=128 fp32\",\"min_layers\":%d,\"results\":[",
-            prop.name, date, commit, min_layers);
+            devname, date, commit, min_layers);
     fprintf(md, "# KDA layer step on the GPU: deferred verify vs store-all vs the copy floor\n\n"
                 "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (kda_check)\n\n"
                 "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request, random); a CUDA graph "
@@ -699,7 +704,7 @@ int main(int argc, char **argv) {
                 "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-                prop.name, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS = " : "",
+                devname, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS = " : "",
                 min_layers > 1 ? min_layers : 0,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");

@@ -14,6 +14,7 @@
 // means per block of: start -> the tile's first half landed (the prologue included), -> its second half, ->
 // the end, the prologue's ends (fold half, window half) after the start; the blocks resident and those
 // still waiting for their state, on average and at the 10th / 50th percentile of the launch's time.
+// KD_GREEN_SMS=n: on n SMs (kernels/cuda/green.cuh).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cuda/ck.cuh"
+#include "kernels/cuda/green.cuh"
 #include "kernels/cuda/kda.cuh"
 
 extern "C" void kd_kda_trace_set(const float *state, unsigned long long *buf);
@@ -70,9 +72,12 @@ int main(int argc, char **argv) {
             q = *end == ',' ? end + 1 : end;
         }
     }
+    const int green = kd_green_from_env(); /* KD_GREEN_SMS: on part of the SMs (green.cuh) */
+    if (green < 0) return 2;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    const int HV = 32, H = 32, K = 128, V = 128, RC = 16, nsm = prop.multiProcessorCount;
+    if (green) printf("green context (KD_GREEN_SMS): %d SMs; a probe kernel ran on %d\n", green, kd_green_distinct_sms());
+    const int HV = 32, H = 32, K = 128, V = 128, RC = 16, nsm = green ? green : prop.multiProcessorCount;
     const size_t per = (size_t)HV * K * V;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
