@@ -677,11 +677,14 @@ int main(int argc, char **argv) {
     time_t tt = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
-    fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"kda_check\","
+    char cmd[64]; /* a run on part of the SMs names its setting */
+    if (green) snprintf(cmd, sizeof cmd, "KD_GREEN_SMS=%d kda_check", green);
+    else snprintf(cmd, sizeof cmd, "kda_check");
+    fprintf(js, "{\"device\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"%s\","
                 "\"state\":\"HV=32 K=V=128 fp32\",\"min_layers\":%d,\"results\":[",
-            devname, date, commit, min_layers);
+            devname, date, commit, cmd, min_layers);
     fprintf(md, "# KDA layer step on the GPU: deferred verify vs store-all vs the copy floor\n\n"
-                "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (kda_check)\n\n"
+                "device: %s; date: %s; commit: %s; command: `tests/cuda/run_device.sh` (%s)\n\n"
                 "One launch per layer, HV = 32, K = V = 128, fp32 state (2 MiB per request, random); a CUDA graph "
                 "of L layers (L chosen so the states exceed L2%s%.0d), median of 20 replays, per layer. copy floor: "
                 "the "
@@ -704,7 +707,7 @@ int main(int argc, char **argv) {
                 "| one-pass, plain stores (us) | one-pass, plain stream order (us) | one kernel (us) "
                 "| CUDA cores (us) | store-all (us) | store-all / copy | eager commit (us) | eager commit, CUDA cores (us) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-                devname, date, commit, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS = " : "",
+                devname, date, commit, cmd, min_layers > 1 ? ", and at least KD_KDA_BENCH_LAYERS = " : "",
                 min_layers > 1 ? min_layers : 0,
                 getenv("KD_KDA_BENCH_FOLD") ? "min(KD_KDA_BENCH_FOLD, T): that many drafts of the last window accepted"
                                             : "T (every draft accepted last step)");
