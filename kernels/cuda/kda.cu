@@ -1573,16 +1573,20 @@ __device__ __forceinline__ void onepass_mn(const float *red, float *M, int c, in
 // later (tests/bench/results/tried/README.md, ff_wide_tried.patch); 48B steps within +-1 %, the noise of that
 // benchmark (tests/bench/results/logs/fold_free_h100_23eab87.log). G [16][17] from W [F][K + 8] and
 // A [2T][K + 8] in shared memory: 8 threads an entry, 4 channels at a time, then their sums by
-// shuffles.
+// shuffles. A pass takes 4 records x 8 window rows (2T <= 8: windows of up to 4), with no division (the
+// entry's record and row by a runtime 2T were ~25 instructions a warp of a kept step's ~1600: ncu); kept steps
+// at T = 4 0.5 % faster on an H100, 2.6-3.0 % on 88 of its SMs (tests/bench/results/logs/ff_g_nodiv_h100.log,
+// which also has the key head without its divisions when HV = H: windows of 8 10-16 % slower, not kept).
 template <int K>
 __device__ __forceinline__ void onepass_ff_g(const float *wf, const float *aw, int F, int T, float *G, int tid) {
     constexpr int KP = K + 8;
-    const int E = F * 2 * T, j = tid % 8;
-    for (int e0 = 0; e0 < E; e0 += kOnepassThreads / 8) { /* 32 entries a pass; the whole warp shuffles */
-        const int e = e0 + tid / 8;
+    const int j = tid % 8, n = tid / 8 % 8;
+    for (int f0 = 0; f0 < F; f0 += kOnepassThreads / 64) { /* the whole warp shuffles */
+        const int f = f0 + tid / 64;
+        const bool live = f < F && n < 2 * T;
         float x = 0.f;
-        if (e < E) {
-            const float *w = wf + e / (2 * T) * KP, *b = aw + e % (2 * T) * KP;
+        if (live) {
+            const float *w = wf + f * KP, *b = aw + n * KP;
 #pragma unroll
             for (int m = 0; m < K / 32; m++) {
                 const float4 u = *(const float4 *)(w + m * 32 + j * 4), v = *(const float4 *)(b + m * 32 + j * 4);
@@ -1592,7 +1596,7 @@ __device__ __forceinline__ void onepass_ff_g(const float *wf, const float *aw, i
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         x += __shfl_xor_sync(0xffffffffu, x, 2);
         x += __shfl_xor_sync(0xffffffffu, x, 4);
-        if (e < E && j == 0) G[e / (2 * T) * 17 + e % (2 * T)] = x;
+        if (live && j == 0) G[f * 17 + n] = x;
     }
 }
 // acc[0] += U^T G for the warp's columns vl, vl + 1 (rows of G past F and columns past 2T read as 0)
