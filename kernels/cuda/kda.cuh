@@ -90,7 +90,10 @@
 // every other step, the state then costs 64 + 32 KiB on average instead of 128 (records: the
 // written step reads 2T of them): measured on
 // an H200, T = 1 at 0.89-0.99 x the copy from B = 64 (1.10-1.21 x writing every step), T = 2 at
-// 1.00-1.12 x, T = 4 at 1.14-1.28 x, T = 8 at 1.53-1.73 x (tests/bench/results/kda_h200.md, "lazy x2").
+// 1.00-1.12 x, T = 4 at 1.14-1.28 x, T = 8 at 1.53-1.73 x (tests/bench/results/kda_h200.md, "lazy x2",
+// at c0b0dce). Since the fast copies (6709a5c), on an H100 on 88 of its SMs (KD_GREEN_SMS: an H200's
+// bandwidth an SM, which reproduced those H200 ratios at T = 4-8 within -0.03 / +0.05): T = 4 at
+// 1.05-1.15 x, T = 8 at 1.38-1.50 x from B = 64 (tests/bench/results/h200_proxy_h100.md).
 #ifndef KD_CUDA_KDA_CUH
 #define KD_CUDA_KDA_CUH
 

@@ -23,7 +23,9 @@
 // 1.006-1.021 x the copy at B = 128 and 512 (staged2 1.015-1.021, regs3 1.010-1.017), kept steps 0.47-0.51 x; only
 // at iters 32 do kept steps lose (staged2 0.55-0.59, regs3 0.49-0.52). So on the H100 the waves' lockstep with the
 // verify's compute lengths (1.4-3.8 us a block in onepass_trace) costs a few % at most, and a third block an SM
-// would win back little; the H200 (1.4 x the bandwidth, the same compute) is where to run it next.
+// would win back little; the H200 (1.4 x the bandwidth, the same compute) is where to run it next. On 88 of the
+// H100's SMs (KD_GREEN_SMS=88, 1.5 x the bandwidth an SM; logs/wave_probe_green_h100_763d9fe.log) kept steps lose
+// from iters 16 (staged2 0.52-0.55 x, regs3 0.47-0.50) and at iters 32 staged2 reads 0.77-0.79, regs3 0.66-0.70.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
