@@ -14,7 +14,7 @@
 // means per block of: start -> the tile's first half landed (the prologue included), -> its second half, ->
 // the end, the prologue's ends (fold half, window half) after the start; the blocks resident and those
 // still waiting for their state, on average and at the 10th / 50th percentile of the launch's time.
-// KD_GREEN_SMS=n: on n SMs (kernels/cuda/green.cuh).
+// KD_GREEN_SMS=n: on n SMs (kernels/cuda/green.cuh). trace_ab.sh beside it times two builds against each other.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
