@@ -16,7 +16,7 @@
 
 /* The partition's SMs as a kernel sees them: each block writes its SM id; returns how many distinct ids a grid of
  * 16 blocks per SM of the whole device ran on (0 on an error). */
-__global__ void kd_green_smid_kernel(unsigned *seen) {
+static __global__ void kd_green_smid_kernel(unsigned *seen) { /* static: the header may be in several files */
     unsigned id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
     if (threadIdx.x == 0 && id < 1024) atomicOr(&seen[id], 1u);
