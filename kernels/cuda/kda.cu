@@ -1167,6 +1167,43 @@ __device__ __forceinline__ void window_sums(const float (&kw)[8], const float (&
     }
 }
 
+// The same sums packed (the one-pass verify's window half): the window's T^2 nonzero entries, slot t^2 + r for
+// M_tr (r < t) and t^2 + t + r for N_tr (r <= t), reduced 16 at a time by warp_sum16 (NG groups: 1 covers T <= 4,
+// 4 cover T <= 8) instead of 16 slots (most of them zeros) for each t; the diagonal M_tt (read as 0 by onepass_mn)
+// is written as 0. A group is reduced once its last token is in and skipped when it holds no t < T.
+template <int NG>
+__device__ __forceinline__ void window_sums_packed(const float (&kw)[8], const float (&qw)[8], const float (&dw)[8],
+                                                   int T, int lane, float *mn) {
+    constexpr int TMAX = NG == 1 ? 4 : 8;
+    static_assert(NG * 16 == TMAX * TMAX, "groups of 16 slots cover t < TMAX");
+    float v[NG * 16], x[8];
+#pragma unroll
+    for (int i = 0; i < NG * 16; i++) v[i] = 0.f;
+#pragma unroll
+    for (int t = 0; t < TMAX; t++) {
+        if (t < T) {
+#pragma unroll
+            for (int r = 0; r < t; r++) x[r] *= dw[t];
+            x[t] = kw[t];
+#pragma unroll
+            for (int r = 0; r < t; r++) v[t * t + r] = kw[t] * x[r];
+#pragma unroll
+            for (int r = 0; r <= t; r++) v[t * t + t + r] = qw[t] * x[r];
+        }
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            if (t * t < 16 * (g + 1) && (t + 1) * (t + 1) >= 16 * (g + 1) && 16 * g < T * T) { /* group g is full */
+                float w[16];
+#pragma unroll
+                for (int i = 0; i < 16; i++) w[i] = v[16 * g + i];
+                const float sum = warp_sum16(w, lane);
+                const int sl = 16 * g + warp_sum16_index(lane), ts = (int)sqrtf((float)sl + 0.5f), o = sl - ts * ts;
+                if (!(lane & 1) && ts < T) mn[(o < ts ? ts * 8 + o : 64 + ts * 8 + o - ts)] = sum;
+            }
+    }
+    if (lane < T) mn[lane * 9] = 0.f; /* M_tt */
+}
+
 template <int K>
 __global__ void __launch_bounds__(K, 1024 / K) tc_prologue_kernel(const kd_kda_args a) {
     /* per warp: M and N as [8][8] each (sums over the warp's channels) */
@@ -1517,7 +1554,7 @@ __device__ __forceinline__ void onepass_fold_weights(const float (&kr)[16], cons
 }
 // The window half: the new key/decay records (by the head's first block, first), the warps' sums for M and
 // N (into mn), the decayed keys and queries A [2T][K + 8].
-template <int K>
+template <int K, int NT>
 __device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int h,
                                                     int T, int c, bool act, bool first, const float (&kw)[8],
                                                     const float (&qw)[8], const float (&dw)[8], int lane, float *mn,
@@ -1530,7 +1567,7 @@ __device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const 
                 float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
                 r[c] = kw[t], r[K + c] = dw[t];
             }
-    window_sums(kw, qw, dw, T, lane, mn);
+    window_sums_packed<NT == 1 ? 1 : 4>(kw, qw, dw, T, lane, mn);
     float b = 1.f;
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -1749,7 +1786,7 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         onepass_fold_weights<K>(kr, d, F, c, act, wf, cpF);
     } else { /* the window: decayed keys and queries, M and N; the new records */
         if (SCHED == 0 || (SCHED == 3 && !later)) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
-        onepass_window_prep<K>(a, row, slot, h, T, c, act, blockIdx.x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
+        onepass_window_prep<K, NT>(a, row, slot, h, T, c, act, blockIdx.x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
     }
     KD_TRACE_PRO(0)
     /* small folds and windows on the CUDA cores (cc_fold, cc_window_acc) */
