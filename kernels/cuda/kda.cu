@@ -1567,7 +1567,10 @@ __device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const 
                 float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
                 r[c] = kw[t], r[K + c] = dw[t];
             }
-    window_sums_packed<NT == 1 ? 1 : 4>(kw, qw, dw, T, lane, mn);
+    if (NT == 1 && T <= 2)
+        window_sums(kw, qw, dw, T, lane, mn);
+    else
+        window_sums_packed<NT == 1 ? 1 : 4>(kw, qw, dw, T, lane, mn);
     float b = 1.f;
 #pragma unroll
     for (int t = 0; t < 8; t++)
