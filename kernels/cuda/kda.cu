@@ -1554,7 +1554,7 @@ __device__ __forceinline__ void onepass_fold_weights(const float (&kr)[16], cons
 }
 // The window half: the new key/decay records (by the head's first block, first), the warps' sums for M and
 // N (into mn), the decayed keys and queries A [2T][K + 8].
-template <int K, int NT>
+template <int K, int NT, bool PACKED>
 __device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const kd_kda_row &row, size_t slot, int h,
                                                     int T, int c, bool act, bool first, const float (&kw)[8],
                                                     const float (&qw)[8], const float (&dw)[8], int lane, float *mn,
@@ -1567,10 +1567,10 @@ __device__ __forceinline__ void onepass_window_prep(const kd_kda_args &a, const 
                 float *r = kg_new + ((size_t)t * a.HV + h) * 2 * K;
                 r[c] = kw[t], r[K + c] = dw[t];
             }
-    if (NT == 1 && T <= 2)
-        window_sums(kw, qw, dw, T, lane, mn);
-    else
+    if constexpr (PACKED)
         window_sums_packed<NT == 1 ? 1 : 4>(kw, qw, dw, T, lane, mn);
+    else
+        window_sums(kw, qw, dw, T, lane, mn);
     float b = 1.f;
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -1789,7 +1789,8 @@ __global__ void __launch_bounds__(256, 2) verify_onepass_kernel(const kd_kda_arg
         onepass_fold_weights<K>(kr, d, F, c, act, wf, cpF);
     } else { /* the window: decayed keys and queries, M and N; the new records */
         if (SCHED == 0 || (SCHED == 3 && !later)) onepass_window_in<K>(a, row, h, hk, T, c, act, kw, qw, dw);
-        onepass_window_prep<K, NT>(a, row, slot, h, T, c, act, blockIdx.x == 0, kw, qw, dw, lane, red + warp * NR + 16, aw);
+        onepass_window_prep<K, NT, VAR == 0>(a, row, slot, h, T, c, act, blockIdx.x == 0, kw, qw, dw, lane,
+                                             red + warp * NR + 16, aw);
     }
     KD_TRACE_PRO(0)
     /* small folds and windows on the CUDA cores (cc_fold, cc_window_acc) */
