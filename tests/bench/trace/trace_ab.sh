@@ -6,6 +6,7 @@
 #   tests/bench/trace/trace_ab.sh A_BIN B_BIN [B ...]     (env: GREEN=88, "" for all SMs only; T=4|8 for one window;
 #                                                           SCHEDS=1, the load orders, as KD_TRACE_SCHEDS)
 # Prints the raw lines first (prefixed "##" per run), then the table.
+# Kernels a change should leave alone: tests/bench/trace/ptx_same.py on nvcc -ptx of kernels/cuda/kda.cu from each tree.
 set -euo pipefail
 a=${1:?usage: trace_ab.sh A_BIN B_BIN [B ...]}
 b=${2:?usage: trace_ab.sh A_BIN B_BIN [B ...]}
