@@ -1174,7 +1174,8 @@ __device__ __forceinline__ void window_sums(const float (&kw)[8], const float (&
 // Static PTX shuffles 142 -> 41 (NT = 1), 133 -> 80 (NT = 2). Measured on an H100 against the per-token sums
 // (onepass_trace, two builds alternated, tests/bench/results/window_sums_ab_h100.md): on 88 SMs (the H200
 // proxy) kept steps 3.0-3.5 % faster at T = 4 and 1.0-2.1 % at T = 8, written and deferred steps 0.5-1.1 % at
-// T = 4 and 1.2-2.1 % at T = 8 (B = 64-512); on 132 SMs kept steps 0.3-1.9 % faster, the rest within 0.4 %.
+// T = 4 and 1.2-2.1 % at T = 8 (B = 64-512); on 132 SMs at T = 4-8 kept steps 0.3-1.9 % faster, the rest
+// within 0.4 %.
 // The small-window form (VAR = 1, windows of 1-2) keeps window_sums: with the packed sums compiled into it its
 // written steps were 2-4 % slower on 88 SMs at T = 1-2 (a different compile of the whole kernel; choosing
 // window_sums at run time for T <= 2 did not recover it); with window_sums its code is as before (identical PTX).
