@@ -15,6 +15,9 @@
 // the end, the prologue's ends (fold half, window half) after the start; the blocks resident and those
 // still waiting for their state, on average and at the 10th / 50th percentile of the launch's time.
 // KD_GREEN_SMS=n: on n SMs (kernels/cuda/green.cuh). trace_ab.sh beside it times two builds against each other.
+// Built without -DKD_KDA_TRACE it prints the times alone, from the kernels as the backend compiles them (the hooks
+// hold a few registers: in some forms ptxas spills with them and not without), which is the build for an A/B of
+// times.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +150,7 @@ int main(int argc, char **argv) {
                                        : "deferred",
                            sched);
                     printf(" %7.2f us", time_graph(ge, st, 20) * 1e3 / L);
+#ifdef KD_KDA_TRACE
                     /* one traced replay: the middle layer */
                     CK(cudaMemset(dtr, 0, nblk * 8 * 8));
                     kd_kda_trace_set(la[L / 2].state, dtr);
@@ -188,6 +192,9 @@ int main(int argc, char **argv) {
                         (t1 - t0) / 1e3, ld / nblk / 1e3, l2 / nblk / 1e3, cp / nblk / 1e3,
                         npf ? pf / npf / 1e3 : 0.0, npw ? pw / npw / 1e3 : 0.0, rs / nb, ls / nb, los[nb / 10],
                         los[nb / 2]);
+#else
+                    printf("\n"); /* built without the hooks: the times alone */
+#endif
                     fflush(stdout);
                     cudaGraphExecDestroy(ge), cudaGraphDestroy(gph);
                 }
