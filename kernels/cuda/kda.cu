@@ -616,12 +616,21 @@ __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *__
 // B operand is read with the same permutation and no data moves between the two products.
 //   fold:    S_F^T = S0^T diag(cp) + U^T Wf        (V x F) (F x K): m16 n8 k8 per 8 records
 //   window:  P^T   = S_F^T [B o K; B o Q]^T         (V x K) (K x 2T): m16 n8 k8, 2T <= 16
-// fp32 accuracy with 3xTF32: x = hi + lo (hi rounded to tf32, lo = x - hi exact in fp32),
-// x y ~ hi_x hi_y + hi_x lo_y + lo_x hi_y; the dropped lo_x lo_y and the truncation of lo
-// are ~2^-21 relative per product.
+// fp32 accuracy with 3xTF32: x = hi + lo (hi = x truncated to tf32, one AND; lo = x - hi, exact
+// in fp32, |lo| < 2^-10 |x|, passed as it is: the tensor core reads a tf32 operand's top 19 bits,
+// so lo is truncated there), x y ~ hi_x hi_y + hi_x lo_y + lo_x hi_y; the dropped lo_x lo_y and
+// the truncation of lo are < 2^-20 relative per product, about fp32's own rounding of a K-term sum.
+// Rounding hi (+ 0x1000 first) and lo (the same again) halved that but cost 4 integer instructions
+// a B-operand pair and 1 an A-operand value, much of the one-pass verify's non-mma work at
+// T = 4-8: truncated, its steps on an H100's 88 SMs (the H200 proxy; B = 128, 512) were 1.2-4.3 %
+// faster at T = 4 and 3.0-6.1 % at T = 8, within 0.7 % at T = 1-2 (two A/Bs: lo as it is, then hi
+// truncated), the float64 checks' worst relative error went 5.1e-7 -> 1.1e-6 (tolerance 1e-5), the
+// oracle's greedy tokens stayed exact, and a 50000-token state recurrence at decay 0.9999 drifts
+// 6.1e-7 from float64 against 4.3e-7 for plain fp32 products (tests/bench/tf32_drift.c;
+// tests/bench/results/tf32_split_ab_h100.md).
 
-__device__ __forceinline__ uint32_t tf32_hi(float x) { // round to nearest, ties away, to tf32
-    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+__device__ __forceinline__ uint32_t tf32_hi(float x) { // x truncated to tf32 (toward zero)
+    return __float_as_uint(x) & 0xffffe000u;
 }
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -652,7 +661,7 @@ __device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, uint32_t bh
 // B operand fragment (hi, lo) of two floats
 __device__ __forceinline__ void split2(float x, float y, uint32_t &h0, uint32_t &h1, uint32_t &l0, uint32_t &l1) {
     h0 = tf32_hi(x), h1 = tf32_hi(y);
-    l0 = tf32_hi(x - __uint_as_float(h0)), l1 = tf32_hi(y - __uint_as_float(h1));
+    l0 = __float_as_uint(x - __uint_as_float(h0)), l1 = __float_as_uint(y - __uint_as_float(h1));
 }
 
 __device__ __forceinline__ void put_split(float *hi, float *lo, int i, float x) {

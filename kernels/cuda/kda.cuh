@@ -17,10 +17,11 @@
 //   u_t = beta_t (v_t - P_t - sum_{r<t} M_tr u_r),  o_t = P_{T+t} + sum_{r<=t} N_tr u_r
 // (M_tr = sum_c k_t k_r prod_{r<s<=t} d_s, N_tr likewise with q_t), so the window never
 // updates the state. Both products run as mma.m16n8k8 tf32 with a 3xTF32 split (x = hi +
-// lo; hi*hi + hi*lo + lo*hi): fp32-level error (~1e-6 relative; the float64 check passes
-// at <= 9e-7). A warp holds a 16 x K slice of S^T in registers in the mma accumulator
-// layout, which is also the A-operand layout of the window product once the contraction
-// order inside each 8-channel tile is permuted (2q, 2q+1 -> q, q+4); the B operand is read
+// lo, hi truncated; hi*hi + hi*lo + lo*hi): fp32-level error (~1e-6 relative; the float64
+// check's worst is 1.1e-6, kda.cu's tf32_hi). A warp holds a 16 x K slice of S^T in
+// registers in the mma accumulator layout, which is also the A-operand layout of the window
+// product once the contraction order inside each 8-channel tile is permuted (2q, 2q+1 ->
+// q, q+4); the B operand is read
 // with the same permutation, so the fold's output feeds the window product without moving.
 // The O(T^2 K) prologue (the fold weights, the decayed keys and queries, M and N: running
 // products, a thread per key channel) runs once per (row, head). The default is the

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # trace_ab.sh: an A/B of two builds of onepass_trace (tests/bench/trace/onepass_trace.cu, built by hand from two
-# trees) in one run on the GPU machine: each binary twice, alternated, on all SMs and on KD_GREEN_SMS SMs (default 88:
-# an H200's bandwidth an SM on an H100, tests/bench/results/h200_proxy_h100.md), then one table of the faster of each
-# pair's times and their ratio. Takes ~10 s for B = 128 512 at every window.
+# trees; for times, built without -DKD_KDA_TRACE: the kernels as the backend compiles them) in one run on the GPU
+# machine: each binary twice, alternated, on all SMs and on KD_GREEN_SMS SMs (default 88: an H200's bandwidth an SM
+# on an H100, tests/bench/results/h200_proxy_h100.md), then one table of the faster of each pair's times and their
+# ratio. Takes ~10 s for B = 128 512 at every window.
 #   tests/bench/trace/trace_ab.sh A_BIN B_BIN [B ...]     (env: GREEN=88, "" for all SMs only; T=4|8 for one window;
 #                                                           SCHEDS=1, the load orders, as KD_TRACE_SCHEDS)
 # Prints the raw lines first (prefixed "##" per run), then the table.
