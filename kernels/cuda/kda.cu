@@ -624,10 +624,10 @@ __global__ void prepare_kernel(int32_t H, int32_t HV, int32_t K, const float *__
 // a B-operand pair and 1 an A-operand value, much of the one-pass verify's non-mma work at
 // T = 4-8: truncated, its steps on an H100's 88 SMs (the H200 proxy; B = 128, 512) were 1.2-4.3 %
 // faster at T = 4 and 3.0-6.1 % at T = 8, within 0.7 % at T = 1-2 (two A/Bs: lo as it is, then hi
-// truncated), the float64 checks' worst relative error went 5.1e-7 -> 1.1e-6 (tolerance 1e-5), the
-// oracle's greedy tokens stayed exact, and a 50000-token state recurrence at decay 0.9999 drifts
-// 6.1e-7 from float64 against 4.3e-7 for plain fp32 products (tests/bench/tf32_drift.c;
-// tests/bench/results/tf32_split_ab_h100.md).
+// truncated), the float64 checks' worst relative error went 5.1e-7 (hi rounded) -> 1.1e-6
+// (tolerance 1e-5), the oracle's greedy tokens stayed exact, and a 50000-token state recurrence
+// at decay 0.9999 drifts 6.1e-7 from float64 against 4.3e-7 for plain fp32 products
+// (tests/bench/tf32_drift.c; tests/bench/results/tf32_split_ab_h100.md).
 
 __device__ __forceinline__ uint32_t tf32_hi(float x) { // x truncated to tf32 (toward zero)
     return __float_as_uint(x) & 0xffffe000u;
