@@ -1349,7 +1349,8 @@ static bool to_dev(void **d, const std::vector<T> &h) {
            cudaMemcpy(*d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
 }
 
-// The conv + prepare kernel (kd_cu_conv_prepare, the v channels by kd_cu_conv4) against the
+// The conv + prepare kernel (kd_cu_conv_prepare, the v channels by kd_cu_conv4_form: form 1 with a token a
+// thread, form 2 with two) against the
 // kernels apart (kd_cu_conv_silu_args over every channel, then kd_kda_prepare), bit for bit, on
 // fresh random inputs: a batch of verify rows (1..4 tokens) and prefill rows (1..9 tokens, so
 // histories from the slot's conv history ring and from the row's earlier inputs), the rings of 8
@@ -1417,7 +1418,7 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
         cb.hist = F(6, 1), cb.q = F(7, 1), cb.k = F(8, 1), cb.v = F(0, 1);
         cv = cb, cv.c0 = 2 * QK;
         fused4 = kd_cu_conv_prepare_ok(&cb, &pa) && kd_cu_conv4_ok(&cv);
-        if (e == cudaSuccess && fused4) e = kd_cu_conv4(&cv, 0);
+        if (e == cudaSuccess && fused4) e = kd_cu_conv4_form(&cv, form, 0); /* a token / two tokens a thread */
         if (e == cudaSuccess && fused4) e = kd_cu_conv_prepare_form(&cb, &pa, form, 0);
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
         ok = e == cudaSuccess && fused4;
@@ -1444,7 +1445,8 @@ static void conv_prep_case(int H, int HV, int K, int V, int use_lb, int neg, int
            "[conv + prepare kernel H=%d HV=%d K=%d V=%d N=%lld%s%s%s, taps in %s] against the kernels apart, bit for "
            "bit: %s, %zu elements differ%s, %zu ring entries unwritten",
            H, HV, K, V, (long long)N, use_lb ? " lower-bound gate" : "", neg ? " negative eigenvalues" : "",
-           early ? " early loads" : "", form == 1 ? "registers" : "shared memory",
+           early ? " early loads" : "",
+           form == 1 ? "registers, v conv a token a thread" : "shared memory, v conv two tokens a thread",
            ok ? "ran" : !fused4 && e == cudaSuccess ? "shape refused" : cudaGetErrorString(e),
            bad, what.c_str(), unwritten);
     for (auto &o : outs) cudaFree(o.d[0]), cudaFree(o.d[1]);

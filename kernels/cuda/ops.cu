@@ -274,11 +274,17 @@ __device__ __forceinline__ void conv4_out(const kd_cu_conv_args &a, const int64_
             st4(a.hist + kd_ring_row(tk, tk.pos, a.R) * (2 * a.QK + a.VD) + ch[s], xt[s]);
 }
 
-// The conv of channels [a.c0, C), 4 a thread in 16-byte accesses, a token a block row (blocks
-// loop over the tokens past 65535): the v channels when the conv + prepare kernel takes q and k
+// The conv of channels [a.c0, C), 4 a thread in 16-byte accesses, G tokens a block row (blocks
+// loop over the tokens past 65535 G): the v channels when the conv + prepare kernel takes q and k
 // (one channel a thread, that conv was bound by issuing its instructions too: 67 % of issue
 // slots, 1.3 TB/s at 512 tokens on an H200). The same bits as kd_cu_conv_silu. With a.early the
-// first token's loads are issued before the programmatic wait.
+// first tokens' loads are issued before the programmatic wait. G = 2 (kd_cu_conv4_form, by size
+// past one wave of blocks): each thread's two tokens' loads in flight together and the taps loaded
+// once for both; a token a thread ran at 34 % of the issue slots and 25 % of the DRAM bandwidth at
+// 512 tokens on an H200, its blocks waiting on their loads
+// (logs/ncu_full_conv4_conv_prepare_b128s3_h200_dd18661.txt). Alone under ncu on an H100 at 512
+// tokens: 16.0 -> 14.2-14.5 us a launch (tests/bench/results/small_kernels_ab_h100.md).
+template <int G>
 __global__ void __launch_bounds__(128) conv4_kernel(const kd_cu_conv_args a) {
     const int64_t C = 2 * a.QK + a.VD, c = a.c0 + 4 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x);
     const bool live = c < C;
@@ -288,19 +294,29 @@ __global__ void __launch_bounds__(128) conv4_kernel(const kd_cu_conv_args a) {
 #pragma unroll
     for (int i = 0; i < 4; i++) tp[0][i] = live ? ld4(a.w + (c + i) * 4) : z4; /* never written */
     if (!a.early) kd_dep_start();
-    for (int64_t t = blockIdx.y; t < a.N; t += gridDim.y) {
-        const kd_cu_tok tk = a.toks[t];
-        float4 xt[1] = {z4};
-        float hx[1][4][kConv4Hw] = {};
-        if (live) conv4_load<1>(a, ch, t, tk, xt, hx);
-        if (a.early && t == (int64_t)blockIdx.y) kd_dep_start();
-        if (live) {
-            float y[1][4];
-            conv4_out<1>(a, ch, [&](int s, int i) { return tp[s][i]; }, tk, xt, hx, y);
-            float *dst = c < a.QK ? a.q + t * a.QK + c : c < 2 * a.QK ? a.k + t * a.QK + (c - a.QK)
-                                                                     : a.v + t * a.VD + (c - 2 * a.QK);
-            st4(dst, make_float4(y[0][0], y[0][1], y[0][2], y[0][3]));
+    for (int64_t t0 = (int64_t)blockIdx.y * G; t0 < a.N; t0 += (int64_t)gridDim.y * G) {
+        kd_cu_tok tk[G] = {};
+        float4 xt[G][1];
+        float hx[G][1][4][kConv4Hw] = {};
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            xt[g][0] = z4;
+            if (t0 + g < a.N) {
+                tk[g] = a.toks[t0 + g];
+                if (live) conv4_load<1>(a, ch, t0 + g, tk[g], xt[g], hx[g]);
+            }
         }
+        if (a.early && t0 == (int64_t)blockIdx.y * G) kd_dep_start();
+#pragma unroll
+        for (int g = 0; g < G; g++)
+            if (live && t0 + g < a.N) {
+                const int64_t t = t0 + g;
+                float y[1][4];
+                conv4_out<1>(a, ch, [&](int s, int i) { return tp[s][i]; }, tk[g], xt[g], hx[g], y);
+                float *dst = c < a.QK ? a.q + t * a.QK + c : c < 2 * a.QK ? a.k + t * a.QK + (c - a.QK)
+                                                                         : a.v + t * a.VD + (c - 2 * a.QK);
+                st4(dst, make_float4(y[0][0], y[0][1], y[0][2], y[0][3]));
+            }
     }
 }
 
@@ -561,6 +577,51 @@ __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, i
 // once the others have and the prefetches have landed. With gate_early (and V <= 256) the gate,
 // bias and weights are loaded before the programmatic wait: the gate must then have been written
 // two or more kernels back (launch.cuh; the backend's comes from g_proj.1, before the KDA kernels).
+__device__ __forceinline__ float4 ldg4(const float *p) { return __ldg((const float4 *)p); }
+__device__ __forceinline__ void st4y(float *p, float4 v) { *(float4 *)p = v; }
+__device__ __forceinline__ void st4y(__nv_bfloat16 *p, float4 v) {
+    __nv_bfloat162 x[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+    *(uint2 *)p = *(const uint2 *)x;
+}
+template <class Y>
+__device__ __forceinline__ bool aligned16(const float *o, const float *gate, const float *bias, const float *w,
+                                          const Y *y) {
+    return (((uintptr_t)o | (uintptr_t)gate | (uintptr_t)bias | (uintptr_t)w) & 15) == 0 &&
+           ((uintptr_t)y & (4 * sizeof(Y) - 1)) == 0;
+}
+// A row of V <= 128 (V % 4 == 0, 16-byte aligned rows) of gated_rmsnorm_kernel: lane l the channels 4 l .. 4 l + 3,
+// each of o, the gate, the bias and w in one 16-byte load, y in one store. The loop below (V up to 32 x 8 a round,
+// a lane's channels 32 apart, 4-byte accesses and guards for the 8) issued 580 instructions a warp at 128 channels
+// (ncu, an H100), which kept an H200 61 % busy issuing (logs/ncu_full_conv4_conv_prepare_b128s3_h200_dd18661.txt);
+// this form 314. Alone under ncu on an H100 a launch at 512 rows took 21.0 -> 14.0 us, at 128 rows 7.7 -> 6.1 us
+// (tests/bench/results/small_kernels_ab_h100.md). The same arithmetic: the sum of squares in double (the lane's 4
+// in order, then the warp's butterfly), r from it in double as kd_gated_rmsnorm on the CPU, y = o r w
+// sigmoid(gate + bias).
+template <class Y>
+__device__ __forceinline__ void gated_rmsnorm_row4(Y *yt, const float *ot, const float *gt, const float *bt,
+                                                   const float *w, int V, double eps, int lane, bool live,
+                                                   int gate_early) {
+    const int i = 4 * lane;
+    const bool mine = live && i < V;
+    float4 g = make_float4(0.f, 0.f, 0.f, 0.f), b = g, ww = g, v = g;
+    if (gate_early && mine) g = ldg4(gt + i), b = ldg4(bt + i), ww = ldg4(w + i);
+    kd_dep_start();
+    if (!live) return;
+    if (mine) {
+        v = ldg4(ot + i);
+        if (!gate_early) g = ldg4(gt + i), b = ldg4(bt + i), ww = ldg4(w + i);
+    }
+    double ss = (double)v.x * v.x;
+    ss += (double)v.y * v.y;
+    ss += (double)v.z * v.z;
+    ss += (double)v.w * v.w;
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    const float r = (float)(1.0 / sqrt(ss / (double)V + eps));
+    if (mine)
+        st4y(yt + i, make_float4(v.x * r * ww.x * sigmoid_(g.x + b.x), v.y * r * ww.y * sigmoid_(g.y + b.y),
+                                 v.z * r * ww.z * sigmoid_(g.z + b.z), v.w * r * ww.w * sigmoid_(g.w + b.w)));
+}
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
                                      int64_t NH, int HV, int V, double eps, unsigned nb, const char *pf,
@@ -575,6 +636,10 @@ __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, co
     const bool live = th < NH, pre = gate_early && V <= 32 * U;
     const int h = (int)(th % HV);
     const float *ot = o + th * V, *gt = gate + th * V, *bt = bias + (int64_t)h * V;
+    if (V <= 128 && V % 4 == 0 && aligned16(o, gate, bias, w, y)) {
+        gated_rmsnorm_row4(y + th * V, ot, gt, bt, w, V, eps, lane, live, gate_early);
+        return;
+    }
     float g[U], b[U], ww[U]; /* with pre: the whole row's, before the wait */
     if (pre && live)
 #pragma unroll
@@ -779,21 +844,23 @@ static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // How many blocks of the conv + prepare kernel's register form the current device holds at once (blocks an SM x
 // SMs), each device's first answer kept (0 where the runtime does not say).
-static int64_t conv_prep_fits() {
+static int64_t blocks_fit(int which) { /* 0: conv_prepare_kernel<false>, 1: conv4_kernel<1> (128 threads) */
     constexpr int kDevs = 64;
-    static std::atomic<int64_t> known[kDevs]; /* forwards of backends on other threads may ask at once */
+    static std::atomic<int64_t> known[2][kDevs]; /* forwards of backends on other threads may ask at once */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
     if (dev < kDevs) {
-        const int64_t k = known[dev].load(std::memory_order_relaxed);
+        const int64_t k = known[which][dev].load(std::memory_order_relaxed);
         if (k > 0) return k;
     }
     int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, conv_prepare_kernel<false>, 128, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, which ? (const void *)conv4_kernel<1>
+                                                                     : (const void *)conv_prepare_kernel<false>,
+                                                      128, 0) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return 0;
     const int64_t n = (int64_t)per_sm * sms;
-    if (dev < kDevs) known[dev].store(n, std::memory_order_relaxed);
+    if (dev < kDevs) known[which][dev].store(n, std::memory_order_relaxed);
     return n;
 }
 
@@ -812,13 +879,18 @@ int kd_cu_conv4_ok(const kd_cu_conv_args *a) {
            al16(a->hist) && al16(a->w) && al16(a->q) && al16(a->k) && al16(a->v);
 }
 
-cudaError_t kd_cu_conv4(const kd_cu_conv_args *a, cudaStream_t s) {
+cudaError_t kd_cu_conv4_form(const kd_cu_conv_args *a, int form, cudaStream_t s) {
     if (a->N <= 0) return cudaSuccess;
-    if (!kd_cu_conv4_ok(a)) return cudaErrorInvalidValue;
+    if (!kd_cu_conv4_ok(a) || form < 0 || form > 2) return cudaErrorInvalidValue;
     const int64_t C = 2 * a->QK + a->VD, x = ((C - a->c0) / 4 + 127) / 128;
-    const int64_t y = a->N < 65535 ? a->N : 65535;
-    return kd_launch_dep(conv4_kernel, dim3((unsigned)x, (unsigned)y), dim3(128), 0, s, *a);
+    /* by size: two tokens a thread once a token a thread takes more than one wave of blocks */
+    const int g = form ? form : x * a->N > blocks_fit(1) ? 2 : 1;
+    const int64_t rows = (a->N + g - 1) / g, y = rows < 65535 ? rows : 65535;
+    return kd_launch_dep(g == 2 ? conv4_kernel<2> : conv4_kernel<1>, dim3((unsigned)x, (unsigned)y), dim3(128), 0, s,
+                         *a);
 }
+
+cudaError_t kd_cu_conv4(const kd_cu_conv_args *a, cudaStream_t s) { return kd_cu_conv4_form(a, 0, s); }
 
 cudaError_t kd_cu_conv_prepare_form(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, int form,
                                     cudaStream_t s) {
@@ -827,7 +899,7 @@ cudaError_t kd_cu_conv_prepare_form(const kd_cu_conv_args *conv, const kd_cu_pre
     const int64_t blocks = (conv->N + 3) / 4; /* a token a warp */
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)blocks, (unsigned)p->H);
-    if (form == 1 || (form == 0 && blocks * p->H <= conv_prep_fits()))
+    if (form == 1 || (form == 0 && blocks * p->H <= blocks_fit(0)))
         return kd_launch_dep(conv_prepare_kernel<false>, grid, dim3(128), 0, s, *conv, *p);
     return kd_launch_dep(conv_prepare_kernel<true>, grid, dim3(128), 0, s, *conv, *p);
 }

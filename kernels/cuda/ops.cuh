@@ -133,6 +133,9 @@ int kd_cu_conv_prepare_ok(const kd_cu_conv_args *conv, const kd_cu_prep_args *p)
 // the windows' stride multiples of 4, 16-byte aligned arrays, else cudaErrorInvalidValue.
 int kd_cu_conv4_ok(const kd_cu_conv_args *conv);
 cudaError_t kd_cu_conv4(const kd_cu_conv_args *conv, cudaStream_t s);
+// The same with its form named (tests): 0 as kd_cu_conv4 (two tokens a thread once a token a thread takes more than
+// one wave of blocks), 1 a token a thread, 2 two tokens a thread.
+cudaError_t kd_cu_conv4_form(const kd_cu_conv_args *conv, int form, cudaStream_t s);
 cudaError_t kd_cu_conv_prepare(const kd_cu_conv_args *conv, const kd_cu_prep_args *p, cudaStream_t s);
 // The same with its form named (tests): 0 as kd_cu_conv_prepare (the first where the device holds the whole grid
 // at once, else the second), 1 the head's taps in registers, 2 in shared memory (fewer registers: more blocks an SM).
