@@ -570,13 +570,6 @@ __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, i
         for (int i = 0; i < KP; i++) S[(size_t)(p + TPC * i) * V + j] = st[i];
 }
 
-// One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
-// only prefetch [pf, pf + pf_bytes) into the L2, 16 KiB a bulk prefetch, chunk c from block
-// nb + c % pf_blocks: they neither wait nor read anything the step writes (the weights are never
-// written), so they start with the kernel before (its programmatic dependent) and the grid ends
-// once the others have and the prefetches have landed. With gate_early (and V <= 256) the gate,
-// bias and weights are loaded before the programmatic wait: the gate must then have been written
-// two or more kernels back (launch.cuh; the backend's comes from g_proj.1, before the KDA kernels).
 __device__ __forceinline__ float4 ldg4(const float *p) { return __ldg((const float4 *)p); }
 __device__ __forceinline__ void st4y(float *p, float4 v) { *(float4 *)p = v; }
 __device__ __forceinline__ void st4y(__nv_bfloat16 *p, float4 v) {
@@ -622,6 +615,14 @@ __device__ __forceinline__ void gated_rmsnorm_row4(Y *yt, const float *ot, const
         st4y(yt + i, make_float4(v.x * r * ww.x * sigmoid_(g.x + b.x), v.y * r * ww.y * sigmoid_(g.y + b.y),
                                  v.z * r * ww.z * sigmoid_(g.z + b.z), v.w * r * ww.w * sigmoid_(g.w + b.w)));
 }
+// One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
+// only prefetch [pf, pf + pf_bytes) into the L2, 16 KiB a bulk prefetch, chunk c from block
+// nb + c % pf_blocks: they neither wait nor read anything the step writes (the weights are never
+// written), so they start with the kernel before (its programmatic dependent) and the grid ends
+// once the others have and the prefetches have landed. With gate_early (and V <= 256) the gate,
+// bias and weights are loaded before the programmatic wait: the gate must then have been written
+// two or more kernels back (launch.cuh; the backend's comes from g_proj.1, before the KDA kernels).
+// Value heads of up to 128 channels (V % 4 == 0, 16-byte aligned arrays) go to gated_rmsnorm_row4.
 template <class Y>
 __global__ void gated_rmsnorm_kernel(Y *y, const float *o, const float *gate, const float *bias, const float *w,
                                      int64_t NH, int HV, int V, double eps, unsigned nb, const char *pf,
@@ -842,9 +843,10 @@ cudaError_t kd_cu_conv_silu_args(const kd_cu_conv_args *a, cudaStream_t s) {
 
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-// How many blocks of the conv + prepare kernel's register form the current device holds at once (blocks an SM x
-// SMs), each device's first answer kept (0 where the runtime does not say).
-static int64_t blocks_fit(int which) { /* 0: conv_prepare_kernel<false>, 1: conv4_kernel<1> (128 threads) */
+// How many blocks of the conv + prepare kernel's register form (which 0) or of the v conv's form of a token a thread
+// (1) the current device holds at once (blocks an SM x SMs), each device's first answer kept (0 where the runtime
+// does not say).
+static int64_t blocks_fit(int which) {
     constexpr int kDevs = 64;
     static std::atomic<int64_t> known[2][kDevs]; /* forwards of backends on other threads may ask at once */
     int dev = 0;

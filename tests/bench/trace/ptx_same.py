@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Which kernels two builds compile alike: the .entry functions of two PTX files (nvcc -ptx of the same source
 from two trees) compared after dropping what does not change the code (line records, comments, the anonymous
-namespace's per-file hash in mangled names). ptxas turns equal PTX into equal SASS, so a kernel listed SAME runs
+namespace's per-file hash in mangled names and the per-path hash in the names of internal-linkage statics, such as a
+function's static shared array). ptxas turns equal PTX into equal SASS, so a kernel listed SAME runs
 the same code in both builds (an A/B need not time it again).
 Usage: python3 ptx_same.py A.ptx B.ptx [REGEX]   (REGEX: only entries whose mangled name matches; prints
 SAME / DIFF / ONLY-A / ONLY-B and the name, then the counts)"""
@@ -9,13 +10,14 @@ import re
 import sys
 
 _ANON = re.compile(r"_GLOBAL__N__[0-9a-fA-F]+_")
+_INTERNAL = re.compile(r"_INTERNAL_[0-9a-fA-F]+_")  # nvcc's names of internal-linkage statics: a hash of the path
 _ENTRY = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([A-Za-z0-9_$]+)\s*\(", re.M)
 
 
 def entries(text):
     """{name: body} of the PTX's kernels, with line records (.loc, .file), comments and blank lines dropped and
     anonymous-namespace hashes made alike (in names and bodies)."""
-    text = _ANON.sub("_GLOBAL__N__", text)
+    text = _INTERNAL.sub("_INTERNAL_", _ANON.sub("_GLOBAL__N__", text))
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     out = {}
     starts = list(_ENTRY.finditer(text))
