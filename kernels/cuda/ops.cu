@@ -571,8 +571,7 @@ __global__ void __launch_bounds__(128) prefill4_kernel(const kd_cu_prow *rows, i
 }
 
 __device__ __forceinline__ float4 ldg4(const float *p) { return __ldg((const float4 *)p); }
-__device__ __forceinline__ void st4y(float *p, float4 v) { *(float4 *)p = v; }
-__device__ __forceinline__ void st4y(__nv_bfloat16 *p, float4 v) {
+__device__ __forceinline__ void st4(__nv_bfloat16 *p, float4 v) { /* 4 outputs in bf16: one 8-byte store */
     __nv_bfloat162 x[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
     *(uint2 *)p = *(const uint2 *)x;
 }
@@ -612,7 +611,7 @@ __device__ __forceinline__ void gated_rmsnorm_row4(Y *yt, const float *ot, const
     for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
     const float r = (float)(1.0 / sqrt(ss / (double)V + eps));
     if (mine)
-        st4y(yt + i, make_float4(v.x * r * ww.x * sigmoid_(g.x + b.x), v.y * r * ww.y * sigmoid_(g.y + b.y),
+        st4(yt + i, make_float4(v.x * r * ww.x * sigmoid_(g.x + b.x), v.y * r * ww.y * sigmoid_(g.y + b.y),
                                  v.z * r * ww.z * sigmoid_(g.z + b.z), v.w * r * ww.w * sigmoid_(g.w + b.w)));
 }
 // One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
