@@ -587,8 +587,10 @@ __device__ __forceinline__ bool aligned16(const float *o, const float *gate, con
 // (ncu, an H100), which kept an H200 61 % busy issuing (logs/ncu_full_conv4_conv_prepare_b128s3_h200_dd18661.txt);
 // this form 314. Alone under ncu on an H100 a launch at 512 rows took 21.0 -> 14.0 us, at 128 rows 7.7 -> 6.1 us
 // (tests/bench/results/small_kernels_ab_h100.md). The same arithmetic: the sum of squares in double (the lane's 4
-// in order, then the warp's butterfly), r from it in double as kd_gated_rmsnorm on the CPU, y = o r w
-// sigmoid(gate + bias).
+// in order, then the warp's butterfly), r from it in double as kd_gated_rmsnorm on the CPU (by rsqrt: 1 / sqrt in
+// double, a division and a square root, took ~50 of the 314 instructions), y = o r w sigmoid(gate + bias), the
+// sigmoid's division by the hardware's reciprocal (2 ulp): 314 -> 274 instructions a warp, under ncu on an H200
+// 5.79 -> 5.50 us a launch at 128 rows and 13.9 -> 12.5 us at 512 (tests/bench/results/small_kernels2_ab_h200.md).
 template <class Y>
 __device__ __forceinline__ void gated_rmsnorm_row4(Y *yt, const float *ot, const float *gt, const float *bt,
                                                    const float *w, int V, double eps, int lane, bool live,
@@ -609,10 +611,11 @@ __device__ __forceinline__ void gated_rmsnorm_row4(Y *yt, const float *ot, const
     ss += (double)v.w * v.w;
 #pragma unroll
     for (int m = 16; m >= 1; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-    const float r = (float)(1.0 / sqrt(ss / (double)V + eps));
+    const float r = (float)rsqrt(ss / (double)V + eps);
+    const auto sg = [](float x) { return __fdividef(1.f, 1.f + expf(-x)); };
     if (mine)
-        st4(yt + i, make_float4(v.x * r * ww.x * sigmoid_(g.x + b.x), v.y * r * ww.y * sigmoid_(g.y + b.y),
-                                 v.z * r * ww.z * sigmoid_(g.z + b.z), v.w * r * ww.w * sigmoid_(g.w + b.w)));
+        st4(yt + i, make_float4(v.x * r * ww.x * sg(g.x + b.x), v.y * r * ww.y * sg(g.y + b.y),
+                                 v.z * r * ww.z * sg(g.z + b.z), v.w * r * ww.w * sg(g.w + b.w)));
 }
 // One warp per (token, value head). The blocks from nb on (kd_cu_gated_rmsnorm's pf_blocks)
 // only prefetch [pf, pf + pf_bytes) into the L2, 16 KiB a bulk prefetch, chunk c from block

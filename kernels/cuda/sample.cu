@@ -64,43 +64,6 @@ __device__ double block_sum(double v, Shared &sh) {
     return s;
 }
 
-// The argmax of the row (value and index), every thread gets it. `beats` is a total order, so
-// the visiting order does not matter: rows are read 16 bytes at a time, four loads in flight
-// per thread (one block reads the whole row: one load at a time was ~5 GB/s, 128 us for a
-// 163840-entry vocabulary).
-__device__ void block_argmax(const float *l, int32_t V, Shared &sh, float *ov, int32_t *oi) {
-    float bv = __int_as_float(0x7fc00000);
-    int32_t bi = 0x7fffffff;
-    const int32_t V4 = ((uintptr_t)l % 16 == 0) ? V / 4 : 0;
-    const float4 *l4 = (const float4 *)l;
-#pragma unroll 4
-    for (int32_t j = threadIdx.x; j < V4; j += kThreads) {
-        const float4 x = l4[j];
-        if (beats(x.x, 4 * j, bv, bi)) bv = x.x, bi = 4 * j;
-        if (beats(x.y, 4 * j + 1, bv, bi)) bv = x.y, bi = 4 * j + 1;
-        if (beats(x.z, 4 * j + 2, bv, bi)) bv = x.z, bi = 4 * j + 2;
-        if (beats(x.w, 4 * j + 3, bv, bi)) bv = x.w, bi = 4 * j + 3;
-    }
-    for (int32_t i = 4 * V4 + threadIdx.x; i < V; i += kThreads) {
-        const float v = l[i];
-        if (beats(v, i, bv, bi)) bv = v, bi = i;
-    }
-#pragma unroll
-    for (int m = 16; m >= 1; m /= 2) {
-        const float v = __shfl_xor_sync(0xffffffffu, bv, m);
-        const int32_t i = __shfl_xor_sync(0xffffffffu, bi, m);
-        if (beats(v, i, bv, bi)) bv = v, bi = i;
-    }
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    __syncthreads();
-    if (lane == 0) sh.bv[warp] = bv, sh.bi[warp] = bi;
-    __syncthreads();
-    bv = sh.bv[0], bi = sh.bi[0];
-    for (int w = 1; w < kWarps; w++)
-        if (beats(sh.bv[w], sh.bi[w], bv, bi)) bv = sh.bv[w], bi = sh.bi[w];
-    *ov = bv, *oi = bi == 0x7fffffff ? 0 : bi;
-}
-
 struct Dist {
     const float *l;
     double mx, T;
@@ -162,27 +125,77 @@ __device__ uint64_t select_desc(const Dist &d, int32_t V, uint64_t lo, double ta
     return prefix;
 }
 
-// The slice's length: a multiple of 4 (slices start 16-byte aligned when the row does).
-__device__ __forceinline__ int32_t arg_slice(int32_t V) { return ((V + KD_CU_ARG_SLICES - 1) / KD_CU_ARG_SLICES + 3) / 4 * 4; }
+// The slices a row's argmax is taken in (kd_cu_sample_positions): as many as make about kArgBlocks blocks
+// over the launch's rows, from KD_CU_ARG_SLICES (a row or a few: B = 1 is 163840 logits, one block's
+// loads for all of them were ~5 GB/s) down to 2. A slice's length is a multiple of 4 (slices start 16-byte
+// aligned when the row does).
+constexpr int kArgThreads = 256, kArgU = 8, kArgBlocks = 1024;
+inline int arg_slices(int64_t n) {
+    int S = KD_CU_ARG_SLICES;
+    while (S > 2 && n * S > kArgBlocks) S /= 2;
+    return S;
+}
+__device__ __forceinline__ int32_t arg_slice(int32_t V, int S) { return ((V + S - 1) / S + 3) / 4 * 4; }
 
-// Block (row, slice): the argmax of the slice (an empty slice: NaN at index 0x7fffffff, which
-// `beats` never prefers).
-__global__ void __launch_bounds__(kThreads) argmax_part_kernel(const float *logits, int32_t V, int64_t m0,
-                                                               const kd_cu_spos *pos, kd_cu_argpart *part) {
+// Block (row, slice) of S slices: the argmax of the slice (an empty slice: NaN at index 0x7fffffff, which
+// `beats` never prefers) into part[row][slice]. kArgThreads threads, each with kArgU 16-byte loads in flight
+// a round. A total order, so any visiting order gives the same result. The form before (512 threads over
+// each of 32 slices a row, 2-3 loads a thread, then the block's reduction) read the logits at 1.7-1.9 TB/s on an
+// H100 at 128-512 rows (49 us for 128 rows of 163840; tests/bench/results/kimi48b_trace_h100.md), the
+// step's largest read outside the weights and the state: here a block streams a longer slice (at 128
+// rows 8 slices a row, 1024 blocks). Under ncu on an H200 at 128 rows 52.5 -> 29.5 us (84 MB: 1.6 -> 2.8 TB/s),
+// at 512 rows (two launches of 256 rows) 99 -> 49 us a launch (tests/bench/results/small_kernels2_ab_h200.md).
+__global__ void __launch_bounds__(kArgThreads) argmax_part_kernel(const float *logits, int32_t V, int S, int64_t m0,
+                                                                  const kd_cu_spos *pos, kd_cu_argpart *part) {
     kd_dep_start();
-    __shared__ Shared sh;
+    __shared__ float sv[kArgThreads / 32];
+    __shared__ int32_t si[kArgThreads / 32];
     if (pos[m0 + blockIdx.x].row < 0) return; // the whole block
-    const int32_t len = arg_slice(V), a = (int32_t)blockIdx.y * len, b = a + len < V ? a + len : V;
+    const int32_t len = arg_slice(V, S), a = (int32_t)blockIdx.y * len, b = a + len < V ? a + len : V;
     float bv = __int_as_float(0x7fc00000);
     int32_t bi = 0x7fffffff;
     if (a < V) {
-        block_argmax(logits + (int64_t)blockIdx.x * V + a, b - a, sh, &bv, &bi);
-        bi += a;
+        const float *l = logits + (int64_t)blockIdx.x * V + a;
+        const int32_t n = b - a, n4 = ((uintptr_t)l % 16 == 0) ? n / 4 : 0;
+        const float4 *l4 = (const float4 *)l;
+        for (int32_t j0 = threadIdx.x; j0 < n4; j0 += kArgThreads * kArgU) {
+            float4 x[kArgU];
+#pragma unroll
+            for (int u = 0; u < kArgU; u++) {
+                const int32_t j = j0 + u * kArgThreads;
+                if (j < n4) x[u] = __ldg(l4 + j);
+            }
+#pragma unroll
+            for (int u = 0; u < kArgU; u++) {
+                if (j0 + u * kArgThreads >= n4) break;
+                const int32_t j = a + 4 * (j0 + u * kArgThreads);
+                if (beats(x[u].x, j, bv, bi)) bv = x[u].x, bi = j;
+                if (beats(x[u].y, j + 1, bv, bi)) bv = x[u].y, bi = j + 1;
+                if (beats(x[u].z, j + 2, bv, bi)) bv = x[u].z, bi = j + 2;
+                if (beats(x[u].w, j + 3, bv, bi)) bv = x[u].w, bi = j + 3;
+            }
+        }
+        for (int32_t i = 4 * n4 + threadIdx.x; i < n; i += kArgThreads) {
+            const float v = l[i];
+            if (beats(v, a + i, bv, bi)) bv = v, bi = a + i;
+        }
     }
-    if (threadIdx.x == 0) part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + blockIdx.y] = kd_cu_argpart{bv, bi};
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, m);
+        const int32_t i = __shfl_xor_sync(0xffffffffu, bi, m);
+        if (beats(v, i, bv, bi)) bv = v, bi = i;
+    }
+    if (threadIdx.x % 32 == 0) sv[threadIdx.x / 32] = bv, si[threadIdx.x / 32] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kArgThreads / 32; w++)
+            if (beats(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+        part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + blockIdx.y] = kd_cu_argpart{bv, bi};
+    }
 }
 
-__global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits, int32_t V, int64_t m0,
+__global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits, int32_t V, int S, int64_t m0,
                                                              const kd_cu_spos *pos, kd_cu_sres *res,
                                                              const kd_cu_argpart *part) {
     kd_dep_start();
@@ -197,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) positions_kernel(const float *logits
         static_assert(KD_CU_ARG_SLICES <= 32, "one warp reduces the slices");
         float bv = __int_as_float(0x7fc00000);
         int32_t bi = 0x7fffffff;
-        if (threadIdx.x < KD_CU_ARG_SLICES) {
+        if (threadIdx.x < S) {
             const kd_cu_argpart q = part[(int64_t)blockIdx.x * KD_CU_ARG_SLICES + threadIdx.x];
             bv = q.v, bi = q.i;
         }
@@ -317,10 +330,11 @@ cudaError_t kd_cu_sample_positions(const float *logits, int32_t vocab, int64_t m
                                    kd_cu_sres *res, kd_cu_argpart *part, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
     if (n > 0x7fffffff || vocab < 1) return cudaErrorInvalidValue;
-    const cudaError_t e = kd_launch_dep(argmax_part_kernel, dim3((unsigned)n, KD_CU_ARG_SLICES), dim3(kThreads), 0, s,
-                                        logits, vocab, m0, pos, part);
+    const int S = arg_slices(n);
+    const cudaError_t e = kd_launch_dep(argmax_part_kernel, dim3((unsigned)n, (unsigned)S), dim3(kArgThreads), 0, s,
+                                        logits, vocab, S, m0, pos, part);
     if (e != cudaSuccess) return e;
-    return kd_launch_dep(positions_kernel, dim3((unsigned)n), dim3(kThreads), 0, s, logits, vocab, m0, pos, res,
+    return kd_launch_dep(positions_kernel, dim3((unsigned)n), dim3(kThreads), 0, s, logits, vocab, S, m0, pos, res,
                          (const kd_cu_argpart *)part);
 }
 
