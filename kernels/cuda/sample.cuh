@@ -4,7 +4,7 @@
 // The host supplies the uniforms, so both make the same choices from the same seeds.
 //
 // Two launches (three: kd_cu_sample_positions first takes each row's argmax in
-// KD_CU_ARG_SLICES slices, a block each). kd_cu_sample_positions: one block per logit row (a window position) decides
+// slices, a block each: up to KD_CU_ARG_SLICES a row, fewer the more rows a launch has). kd_cu_sample_positions: one block per logit row (a window position) decides
 // that position alone: greedy: the argmax and whether the draft after it equals it;
 // sampled: whether the draft is accepted (u_acc < p(draft)) and the token drawn otherwise
 // (from p without the draft, renormalised; at the last position of a window, the bonus
@@ -41,8 +41,9 @@ typedef struct kd_cu_argpart {
     float v;
     int32_t i;
 } kd_cu_argpart;
-// Slices of a row whose argmaxes a first launch takes in parallel (one block each), so that
-// a row's argmax is not one block reading the whole vocabulary (B = 1: 163840 logits).
+// The most slices of a row whose argmaxes a first launch takes in parallel (one block each), so
+// that a row's argmax is not one block reading the whole vocabulary (B = 1: 163840 logits); a
+// launch of many rows takes fewer (sample.cu, arg_slices).
 #define KD_CU_ARG_SLICES 32
 
 // Decides logit rows m0 .. m0 + n - 1 (spos indices) from logits [n][vocab] (row i of the
