@@ -3680,6 +3680,9 @@ int kd_serve_main(int argc, char **argv) {
     state_pool_free();
     peer_clients_close();
     layout_free();
+    /* up to 10 s more where a peer stopped reading what this worker sent: the blocked write started
+     * gRPC core's TCP backup poller, which polls 10 s at a time on an executor thread that this
+     * joins (deploy/k8s budgets the 10 s in each grace period) */
     grpc_shutdown_blocking();
     kd_metrics_http_stop(g_srv.metrics_http);
     kd_metrics_free(g_srv.metrics);

@@ -1631,7 +1631,10 @@ class FaultTest(unittest.TestCase):
         Prefill at the grace's end, the push's client call is cancelled by its sender, and the
         worker exits 0 - not after waiting 10 s for its calls, not hanging until the stand-in
         lets go (60 s), and under the sanitizers with nothing touched after it was freed. (gRPC's
-        own shutdown sometimes takes ~8 s more here: a connection whose peer stopped reading.)"""
+        own shutdown sometimes takes up to 10 s more here: the push's write that the peer never
+        read had started gRPC core's TCP backup poller, which polls 10 s at a time on an executor
+        thread that grpc_shutdown_blocking joins - seen in a thread dump; the deploy's grace periods
+        budget those 10 s.)"""
         release = threading.Event()
         reading = threading.Event()
 
