@@ -3,9 +3,9 @@
 // kd/sampling.h: greedy argmax; temperature, top-k and top-p; rejection sampling of drafts.
 // The host supplies the uniforms, so both make the same choices from the same seeds.
 //
-// Two launches (three: kd_cu_sample_positions first takes each row's argmax in
-// slices, a block each: up to KD_CU_ARG_SLICES a row, fewer the more rows a launch has). kd_cu_sample_positions: one block per logit row (a window position) decides
-// that position alone: greedy: the argmax and whether the draft after it equals it;
+// Two launches (three: kd_cu_sample_positions first takes each row's argmax in slices, a block
+// each: up to KD_CU_ARG_SLICES a row, fewer the more rows a launch has).
+// kd_cu_sample_positions: one block per logit row (a window position) decides that position alone: greedy: the argmax and whether the draft after it equals it;
 // sampled: whether the draft is accepted (u_acc < p(draft)) and the token drawn otherwise
 // (from p without the draft, renormalised; at the last position of a window, the bonus
 // token from p). kd_cu_sample_finish: one thread per batch row walks its positions: the

@@ -65,6 +65,10 @@ def main(argv):
     with open(argv[1], newline="") as f:
         ks = kernels(f)
     for name, insts in ks:
+        if not insts:
+            print("== %s: no SASS rows with instruction counts (a report taken without --section SourceCounters?)"
+                  % name)
+            continue
         warps, per_warp, ops, stalls = summarize(insts)
         print("== %s: %d warps, %.0f instructions a warp" % (name, warps, per_warp))
         top = sorted(ops.items(), key=lambda kv: -kv[1][0])

@@ -84,6 +84,27 @@ class SassSummaryTest(unittest.TestCase):
             self.assertIn("== %s: 64 warps" % name, text)
         self.assertEqual(sum(1 for l in text.splitlines() if l.startswith("==")), 2)
 
+    def test_no_counts(self):
+        """a source page without the counters' columns: the kernel named, no rows, a line that says so"""
+        buf = io.StringIO()
+        w = csv.writer(buf, quoting=csv.QUOTE_ALL)
+        w.writerow(["Kernel Name", "k0", ""])
+        w.writerow(["Address", "Source"])
+        w.writerow(["0x10", "FFMA R1, R2, R3, R4"])
+        got = sass_summary.kernels(io.StringIO(buf.getvalue()))
+        self.assertEqual(got, [("k0", [])])
+        path = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "sass_nc_%d.csv" % os.getpid())
+        with open(path, "w", newline="") as f:
+            f.write(buf.getvalue())
+        out = io.StringIO()
+        old, sys.stdout = sys.stdout, out
+        try:
+            sass_summary.main(["sass_summary.py", path])
+        finally:
+            sys.stdout = old
+            os.remove(path)
+        self.assertIn("k0: no SASS rows", out.getvalue())
+
     def test_empty(self):
         self.assertEqual(sass_summary.kernels(io.StringIO("==PROF== nothing\n")), [])
 
