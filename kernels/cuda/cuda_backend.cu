@@ -95,9 +95,9 @@
 //   B = 1 (tests/bench/results/logs/slow_state_probes_h200.log).
 // Small kernels go into the launches next to them (kd_cuda_set_fuse; the same bits either way):
 // where the skinny kernel takes f_proj.1 + g_proj.1 (at most 8 rows) and the conv + prepare kernel
-// below does not run (1-3 rows, 4 rows of verify windows), the conv into their launch, its blocks
-// first (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). From 4 rows
-// (but 4 rows of verify windows) the conv of the q and k channels runs in the KDA prepare's kernel
+// below does not run (1 row), the conv into their launch, its blocks
+// first (kd_cu_gemm_skinny_pair_conv: both read only the input projection's output). From 2 rows
+// the conv of the q and k channels runs in the KDA prepare's kernel
 // (kd_cu_conv_prepare: q and k never go to memory; the v channels' conv runs alone just before it,
 // 4 channels a thread, so that the verify, which loads v before its programmatic wait, finds it two
 // kernels back; conv_prep_rows). Off by default: where the skinny kernel's row form takes the input
@@ -938,17 +938,18 @@ int gemm_pair(cu_backend *cb, int64_t M, int64_t K, const void *A0, int64_t lda0
 }
 
 // Whether the conv + prepare kernel (kd_cu_conv_prepare) runs at N activation rows, else the conv
-// and the prepare each in their own kernels. On an H200 (48B steps; in one run, the default
-// against the kernels apart and against the one kernel at every row count): from 4 rows faster
-// than apart (B = 1 s = 3 2.029 vs 2.036 ms, B = 32 s = 0 / 3 3.210 / 3.951 vs 3.235 / 4.168,
-// B = 128 s = 0 / 3 6.306 / 10.465 vs 6.532 / 11.276); at 1 row slower (1.699 against 1.645 ms
-// for the conv in f_proj.1 + g_proj.1's launch and the prepare apart). Not at 4 rows of verify
-// windows (max_len > 1): since the segment-diagonal forms took the products of 2-4 rows, B = 1
-// s = 3 1.814 -> 1.780 ms and B = 2 s = 1 1.833 -> 1.791 without it, where at 4 rows of single
-// tokens it still pays (B = 4 s = 0 1.947 against 1.958, B = 3 s = 0 in a graph of 4 rows 1.909
-// against 1.943) and at 8 rows of windows (B = 2 s = 3 2.040 against 2.050; cuda_bench
-// KD_BENCH_FUSE, tests/bench/results/logs/fuse_h200_4f478b1.log).
-bool conv_prep_rows(int64_t N, int max_len) { return N >= 4 && !(N == 4 && max_len > 1); }
+// (in f_proj.1 + g_proj.1's launch) and the prepare each in their own kernels. From 2 rows, windows
+// or single tokens. On an H100 (48B steps, cuda_bench KD_BENCH_CONVPREP: the rule before against the
+// one kernel at every row count, alternated rounds in one process; tests/bench/results/logs/
+// convprep_ab_h100_321037b.log): 4 rows of windows, where the rule before took the kernels apart,
+// B = 1 s = 3 2.183 -> 2.154 ms, B = 2 s = 1 2.196 -> 2.148; 2-3 rows B = 2 s = 0 2.145 -> 2.098, B = 1
+// s = 1 2.120 -> 2.096, B = 1 s = 2 2.155 -> 2.135, B = 3 s = 0 the same; at 1 row slower (2.013 ->
+// 2.028: there the conv in the row form's pair launch costs nothing on the path). On an H200 the
+// 48B table's column with the one kernel at every row count had B = 1 s = 3 1.754 against 1.785 ms
+// (kimi48b_cuda_h200.md at ad99bde; 1.759 against 1.808 at 470670e). Until then (from 4f478b1,
+// before the conv + prepare kernel's later changes) 4 rows of windows took the kernels apart:
+// B = 1 s = 3 1.814 -> 1.780 ms on an H200 then (logs/fuse_h200_4f478b1.log).
+bool conv_prep_rows(int64_t N) { return N >= 2; }
 
 // The most activation rows (tokens, where the prefetch as a whole counts requests: pf_rows) of a
 // forward in which the MLP RMSNorm's blocks prefetch their share of gate|up (the header says why).
@@ -1196,7 +1197,7 @@ int launch_body(cu_backend *cb, const fwd_shape &sh, kd_err *err) {
         kd_cu_prep_args pa = {(int32_t)cb->H, (int32_t)HV, (int32_t)K, 0, cb->graw, cb->proj + 2 * QK + VD + 2 * V,
                               P, Ly->A_log, Ly->dt_bias, c->use_lower_bound, c->allow_neg_eigval,
                               (float)c->lower_bound, cb->qn, cb->kn, cb->qk, cb->decay, cb->beta};
-        const bool conv_prep = (cb->conv_prep || conv_prep_rows(N, max_len)) &&
+        const bool conv_prep = (cb->conv_prep || conv_prep_rows(N)) &&
                                (cb->fuse & KD_CUDA_FUSE_CONV_PREP) &&
                                !(sk & (KD_CUDA_SKIP_CONV | KD_CUDA_SKIP_PREPARE)) && kd_cu_conv_prepare_ok(&ca, &pa);
         kd_cu_conv_args cv = ca;

@@ -43,7 +43,9 @@
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
 //   rows in the pick's forms, cuBLAS and other forms of the skinny GEMM (kd_cuda_set_skinny_rows_form),
-//   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu).
+//   and SwiGLU in gate|up's launch or apart (kd_cuda_set_swiglu). KD_BENCH_CONVPREP=1: steps of 1-8 rows,
+//   the conv + prepare kernel by rows (the default, conv_prep_rows) or at every row count (kd_cuda_set_conv_prep),
+//   alternated over 5 rounds (printed only).
 //   KD_BENCH_PREFILL=1 cuda_bench ...: only prefill forwards (1-32 prompts of 32-1536 tokens, eager) with the
 //   recurrence's forms 1 and 3 (kd_cu_prefill_form) and without it (KD_CUDA_SKIP_PREFILL), alternated over 7
 //   rounds (the first dropped), medians into OUT_PREFIX.json and .md.
@@ -595,6 +597,18 @@ int main(int argc, char **argv) {
         const int pts[][2] = {{16, 3}, {32, 1}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
         ab_rounds(be, VOC, "pair", pts, sizeof pts / sizeof pts[0], "a launch each", "one launch", "two",
                   [](kd_backend *x, int m) { kd_cuda_set_pair(x, m); });
+        kd_engine_free(e);
+        kd_backend_free(be);
+        return 0;
+    }
+    if (getenv("KD_BENCH_CONVPREP")) { /* the conv + prepare kernel by rows or at every row count */
+        /* 4 rows of windows (1 x 4, 2 x 2), 2-3 rows (windows, single tokens), 1 row, 4-8 rows; where the rule and
+         * every row count agree (from 2 rows since the rule's change, conv_prep_rows) the two columns are the A/B's
+         * noise. The kernels apart at 2-4 rows: KD_BENCH_FUSE's mask 2 (the conv in f_proj.1 + g_proj.1's launch) */
+        const int pts[][2] = {{1, 3}, {2, 1}, {1, 1}, {1, 2}, {2, 0}, {3, 0}, {1, 0}, {4, 0}, {2, 3}, {8, 0}};
+        ab_rounds(be, VOC, "conv_prep", pts, sizeof pts / sizeof pts[0], "by rows", "every row count", "by rows",
+                  [](kd_backend *x, int m) { kd_cuda_set_conv_prep(x, m); });
+        kd_cuda_set_conv_prep(be, 0);
         kd_engine_free(e);
         kd_backend_free(be);
         return 0;
