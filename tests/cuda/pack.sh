@@ -5,12 +5,14 @@
 # pk/bin and pk/lib in one xz tarball.
 #   tests/cuda/pack.sh OUT.tar.xz [BINARY ...]
 # Without binaries: kda_check, cuda_test, cuda_bench, gemm_bench, gemm_lt_bench, kdecode and kdctl from
-# bazel-bin (build them first). On the GPU machine:
+# bazel-bin (build them first). KD_PACK_ORACLE=DIR: that folder (the oracle checkpoints, tiny/ and small/) as
+# pk/oracle too, for cuda_test on a machine without the checkout's ../shared. On the GPU machine:
 #   tar -C DIR -xJf OUT.tar.xz
-#   LD_LIBRARY_PATH=DIR/pk/lib:/usr/local/cuda/lib64 tests/cuda/run_device.sh DIR/pk/bin RESULTS [ORACLE_DIR]
+#   LD_LIBRARY_PATH=DIR/pk/lib:/usr/local/cuda/lib64 tests/cuda/run_device.sh DIR/pk/bin RESULTS [DIR/pk/oracle]
 set -euo pipefail
 out=$(realpath -m "${1:?usage: tests/cuda/pack.sh OUT.tar.xz [BINARY ...]}")
 shift
+oracle=${KD_PACK_ORACLE:+$(realpath -m "$KD_PACK_ORACLE")}
 bins=()
 for b in "$@"; do bins+=("$(realpath -m "$b")"); done
 cd "$(dirname "$0")/../.."
@@ -36,6 +38,11 @@ for b in "${bins[@]}"; do
     esac
   done < <(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 done
+if [[ -n $oracle ]]; then
+  [[ -d $oracle/tiny && -d $oracle/small ]] || { echo "pack: $oracle: no tiny/ and small/" >&2; exit 1; }
+  cp -rL "$oracle" "$tmp/pk/oracle"
+fi
 # xz at its strongest: the binaries' fat images repeat across them (about 2/3 of the default level's size)
 tar -C "$tmp" -cf - pk | xz -9e -T0 > "$out"
-echo "pack: $out ($(du -h "$out" | cut -f1)): $(ls "$tmp/pk/bin" | tr '\n' ' ')+ $(ls "$tmp/pk/lib" | wc -l) libraries"
+echo "pack: $out ($(du -h "$out" | cut -f1)): $(ls "$tmp/pk/bin" | tr '\n' ' ')+ $(ls "$tmp/pk/lib" | wc -l) libraries$(
+  [[ -d $tmp/pk/oracle ]] && echo " + the oracle")"

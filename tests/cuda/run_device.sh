@@ -10,6 +10,11 @@
 #               else ../shared/oracle beside the checkout
 # Checks run first (against float64 references), then compute-sanitizer memcheck and
 # racecheck on the check-only mode, then the benchmarks. Any failure stops the script.
+# A build packed by tests/cuda/pack.sh (KD_PACK_ORACLE for the oracle), re-checked and timed
+# without the sanitizers (KD_KDA_SANITIZE=0 KD_CUDA_TEST_SANITIZE=0, below), from the checkout:
+#   tar -C /tmp -xJf PACK.tar.xz
+#   LD_LIBRARY_PATH=/tmp/pk/lib KD_KDA_SANITIZE=0 KD_CUDA_TEST_SANITIZE=0 \
+#     KD_COMMIT=C tests/cuda/run_device.sh /tmp/pk/bin OUT /tmp/pk/oracle
 set -euo pipefail
 bin=${1:?BIN_DIR}
 out=${2:?OUT_DIR}
@@ -42,7 +47,9 @@ fi
 # on the quick mode (random models only), racecheck on the skinny GEMM's checks, the conv +
 # prepare cases and the prefill recurrence's cases, then the full run.
 oracle=${3:-${KDECODE_ORACLE:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/oracle}}
-if [[ -x $san ]]; then
+# KD_CUDA_TEST_SANITIZE=0 skips these sanitizer runs (for a run that re-checks a build whose kernels were
+# sanitized before: with KD_KDA_SANITIZE=0 the script's checks take a few minutes instead of many)
+if [[ ${KD_CUDA_TEST_SANITIZE:-1} != 0 && -x $san ]]; then
   "$san" --tool memcheck --error-exitcode 3 "$bin/cuda_test" "$oracle" quick > "$out/cuda_test_memcheck.log" 2>&1 \
     || { tail -40 "$out/cuda_test_memcheck.log"; exit 3; }
   tail -4 "$out/cuda_test_memcheck.log"
