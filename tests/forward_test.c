@@ -140,7 +140,7 @@ static double state_rel_err(kd_backend *be, int32_t a, int32_t b, int use_f64) {
 }
 
 /* Prefill in chunks of several sizes == token by token (state and last logits), within the
- * rounding of two orders of the same sums: in float32 the chunked form's WY products against the
+ * rounding of two orders of the same sums: in float32 the chunked form against the token-by-token
  * recurrence differ by 2.5e-7 - 5e-7 (state) and 4.9e-7 - 1.04e-6 (logits) relative on the
  * oracle's prompt of 130 tokens (an AMD EPYC with Debian's OpenBLAS 0.3.21; a bound of 1e-6 failed
  * there), so 4e-6; in float64 (the float64 backend) 1e-12, where they differ by 4e-16 - 1e-15 (state)
