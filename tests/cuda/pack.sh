@@ -13,6 +13,10 @@ set -euo pipefail
 out=$(realpath -m "${1:?usage: tests/cuda/pack.sh OUT.tar.xz [BINARY ...]}")
 shift
 oracle=${KD_PACK_ORACLE:+$(realpath -m "$KD_PACK_ORACLE")}
+if [[ -n $oracle && ! ( -d $oracle/tiny && -d $oracle/small ) ]]; then
+  echo "pack: KD_PACK_ORACLE=$KD_PACK_ORACLE: no tiny/ and small/ there" >&2
+  exit 1
+fi
 bins=()
 for b in "$@"; do bins+=("$(realpath -m "$b")"); done
 cd "$(dirname "$0")/../.."
@@ -38,10 +42,7 @@ for b in "${bins[@]}"; do
     esac
   done < <(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 done
-if [[ -n $oracle ]]; then
-  [[ -d $oracle/tiny && -d $oracle/small ]] || { echo "pack: $oracle: no tiny/ and small/" >&2; exit 1; }
-  cp -rL "$oracle" "$tmp/pk/oracle"
-fi
+[[ -z $oracle ]] || cp -rL "$oracle" "$tmp/pk/oracle"
 # xz at its strongest: the binaries' fat images repeat across them (about 2/3 of the default level's size)
 tar -C "$tmp" -cf - pk | xz -9e -T0 > "$out"
 echo "pack: $out ($(du -h "$out" | cut -f1)): $(ls "$tmp/pk/bin" | tr '\n' ' ')+ $(ls "$tmp/pk/lib" | wc -l) libraries$(
