@@ -27,7 +27,7 @@
 //   programmatic wait (the default) or after it (kd_cuda_set_gnorm_early), alternated over 5 rounds (printed only;
 //   until the one-pass verify's trigger became unconditional, with and without it too:
 //   results/logs/gnorm_h200_85b7682.log).
-//   KD_BENCH_KSPLIT=1 cuda_bench ...: only steps of 16-512 rows, o_proj and the down projection in KD_KSPLIT_NB
+//   KD_BENCH_KSPLIT=1 cuda_bench ...: only steps of 5-512 rows, o_proj and the down projection in KD_KSPLIT_NB
 //   (default 2) K slices at every row count (kd_cuda_set_ksplit) or whole, alternated over 5 rounds (printed only).
 //   KD_BENCH_GU16=1 cuda_bench ...: only steps of 32-512 rows, gate|up's output in bf16 or fp32 (kd_cuda_set_gu_bf16),
 //   alternated over 5 rounds (printed only).
@@ -472,8 +472,9 @@ int main(int argc, char **argv) {
     if (getenv("KD_BENCH_KSPLIT")) { /* o_proj and the down projection in K slices, or whole */
         static int nb = 2;
         if (!env_int("KD_KSPLIT_NB", 1, KD_KSPLIT_MAX, &nb)) return 2;
-        const int pts[][2] = {{4, 3}, {8, 3}, {16, 3}, {32, 0}, {32, 1}, {32, 3},
-                              {64, 0}, {96, 0}, {128, 0}, {64, 3}, {128, 3}};
+        const int pts[][2] = {{5, 0},  {2, 3},  {6, 0},  {8, 0},  {10, 0}, {3, 3},   {12, 0}, {15, 0},
+                              {4, 3},  {8, 3},  {16, 3}, {32, 0}, {32, 1}, {32, 3},  {64, 0}, {96, 0},
+                              {128, 0}, {64, 3}, {128, 3}};
         char on[32];
         snprintf(on, sizeof on, "in %d K slices", nb);
         ab_rounds(be, VOC, "ksplit", pts, sizeof pts / sizeof pts[0], "whole", on, "whole", [](kd_backend *x, int m) {

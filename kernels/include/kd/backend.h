@@ -284,7 +284,7 @@ int kd_cuda_set_gu_bf16(kd_backend *b, int on);
  * product of a strided batch each with its partial sums apart, which the RMSNorm after the product
  * adds into the residual stream (kernels/cuda/gemm_lt.cuh: twice the thread blocks where a
  * product has few output tiles), in forwards of min_rows..max_rows activation rows (at most 512);
- * slices 1: whole, with the residual added by the product (beta 1). By default 2 slices at 16-128
+ * slices 1: whole, with the residual added by the product (beta 1). By default 2 slices at 5-128
  * rows (measured faster there: kernels/cuda/cuda_backend.cu). Sums in another order than whole:
  * not the same bits. Drops the captured graphs; -1 for slices outside 1..KD_KSPLIT_MAX or
  * min_rows < 1 or max_rows < min_rows. Benchmarks and tests. */
