@@ -155,8 +155,8 @@ constexpr int kSideRows = 0; // f_proj.1 / g_proj.1 on the second stream from th
 // 0.3-2.3 % slower at every row count. From 5 rows (below them the skinny kernel takes both products, no
 // slices): 5-15 rows were first measured on an H100 (KD_BENCH_KSPLIT, tests/bench/results/logs/ksplit_lo_h100.log):
 // 2 slices 2.4-2.5 % faster at 5-8 rows (B = 5 s = 0 2.536 -> 2.475 ms, B = 2 s = 3 2.463 -> 2.406, B = 8 s = 0
-// 2.580 -> 2.519), 1.3-1.6 % at 10-16; in that run 0.4-0.8 % slower at 96-128 rows s = 0 and 128 s = 3, where the
-// H200's rounds above keep them.
+// 2.580 -> 2.519), 1.3-1.6 % at 10-16; 3 and 4 slices only 0.9-1.1 % at 5-8 rows (logs/small_rows_defaults_h100.log);
+// in that run 0.4-0.8 % slower at 96-128 rows s = 0 and 128 s = 3, where the H200's rounds above keep them.
 constexpr int64_t kKsplitRows = 512;
 constexpr int kKsplitNb = 2;
 constexpr int64_t kKsplitLo = 5, kKsplitHi = 128;

@@ -29,7 +29,7 @@
 //   results/logs/gnorm_h200_85b7682.log).
 //   KD_BENCH_KSPLIT=1 cuda_bench ...: only steps of 5-512 rows, o_proj and the down projection in KD_KSPLIT_NB
 //   (default 2) K slices at every row count (kd_cuda_set_ksplit) or whole, alternated over 5 rounds (printed only).
-//   KD_BENCH_GU16=1 cuda_bench ...: only steps of 32-512 rows, gate|up's output in bf16 or fp32 (kd_cuda_set_gu_bf16),
+//   KD_BENCH_GU16=1 cuda_bench ...: only steps of 5-512 rows, gate|up's output in bf16 or fp32 (kd_cuda_set_gu_bf16),
 //   alternated over 5 rounds (printed only).
 //   KD_BENCH_PFROWS=1 cuda_bench ...: only steps of 4-128 requests, the L2 prefetch's mode 4 in steps of at most 2
 //   requests (the default until it became 4) or in every step (kd_cuda_set_prefetch), alternated over 5 rounds
@@ -38,7 +38,7 @@
 //   KD_BENCH_PFO=1 cuda_bench ...: only steps of 8-128 requests, mode 4 in every step with o_proj's weights from the
 //   gated RMSNorm's blocks (kd_cuda_set_prefetch_order 0; KD_PFO_BYTES a layer, default 20 % of the L2) against
 //   the default, alternated over 5 rounds (printed only).
-//   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 64-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
+//   KD_BENCH_PAIR=1 cuda_bench ...: only steps of 12-512 rows, f_proj.1 and g_proj.1 in one launch (cuBLAS's
 //   strided batched GEMM past 32 rows) or a launch each (kd_cuda_set_pair), alternated over 5 rounds (printed only).
 //   KD_BENCH_FUSE=1 cuda_bench ...: only steps of 1-8 requests, the fusion masks (kd_cuda_set_fuse)
 //   alternated over 5 rounds (printed only). KD_BENCH_ROWS_FORM=1: likewise the products of 2-4
@@ -559,7 +559,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (getenv("KD_BENCH_GU16")) { /* gate|up's output in bf16, or fp32 */
-        const int pts[][2] = {{8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
+        const int pts[][2] = {{5, 0}, {2, 3}, {8, 0}, {12, 0}, {4, 3}, {8, 3}, {32, 0}, {32, 3}, {64, 0}, {128, 0},
+                              {64, 3}, {128, 3}};
         ab_rounds(be, VOC, "gu16", pts, sizeof pts / sizeof pts[0], "fp32", "bf16", "fp32",
                   [](kd_backend *x, int m) { kd_cuda_set_gu_bf16(x, m); });
         kd_engine_free(e);
@@ -595,7 +596,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (getenv("KD_BENCH_PAIR")) { /* f_proj.1 + g_proj.1 in one launch or two, past the skinny kernel's rows */
-        const int pts[][2] = {{16, 3}, {32, 1}, {32, 3}, {64, 0}, {128, 0}, {64, 3}, {128, 3}};
+        const int pts[][2] = {{12, 0}, {16, 0}, {4, 3}, {24, 0}, {6, 3}, {16, 3}, {32, 1}, {32, 3}, {64, 0}, {128, 0},
+                              {64, 3}, {128, 3}};
         ab_rounds(be, VOC, "pair", pts, sizeof pts / sizeof pts[0], "a launch each", "one launch", "two",
                   [](kd_backend *x, int m) { kd_cuda_set_pair(x, m); });
         kd_engine_free(e);
