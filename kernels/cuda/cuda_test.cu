@@ -614,6 +614,57 @@ done:
     kd_backend_free(p.cpu);
 }
 
+/* The K slices' default range (kd_cuda_set_ksplit untouched): a bf16 backend runs o_proj and the down
+ * projection in K slices in forwards of 5..128 tokens and whole outside them; every forward's logits and
+ * states compared with the CPU. The random cases above set the range themselves (1..512), so this is the one
+ * check that the defaults reach the sliced path where they were measured to pay. */
+static void ksplit_default_case(const Spec &s, uint64_t seed) {
+    RandModel m;
+    build_model(m, s, seed);
+    Pair p;
+    char lab[160];
+    snprintf(lab, sizeof lab, "[%s bf16 default K slices]", s.name);
+    p.label = lab;
+    p.c = m.c;
+    p.vocab = m.c.vocab;
+    p.tol_l = 2e-2;
+    p.tol_s = 5e-2;
+    kd_err err;
+    const int32_t NS = 6;
+    p.cpu = kd_cpu_backend_create(0, &err);
+    p.gpu = p.cpu ? kd_cuda_backend_create(1, &err) : nullptr;
+    bool ok = p.cpu && p.gpu && kd_backend_load(p.cpu, &m.c, &m.w, &err) == 0 &&
+              kd_backend_reserve(p.cpu, NS, 1, 256, 4, KD_COMMIT_DEFERRED, &err) == 0 &&
+              kd_backend_load(p.gpu, &m.c, &m.w, &err) == 0 &&
+              kd_backend_reserve(p.gpu, NS, 1, 256, 4, KD_COMMIT_DEFERRED, &err) == 0;
+    if (report(ok, "%s two backends%s%s", lab, ok ? "" : ": ", ok ? "" : err.msg)) {
+        p.sb = kd_backend_state_bytes(p.gpu);
+        Rng r(seed * 13 + 5);
+        const int32_t counts[NS] = {4, 5, 8, 15, 128, 129};
+        for (int32_t i = 0; i < NS; i++) {
+            kd_batch_row row;
+            memset(&row, 0, sizeof row);
+            row.slot = i, row.n_tokens = counts[i], row.logits = KD_LOGITS_LAST, row.kind = KD_ROW_PREFILL;
+            std::vector<int32_t> tok((size_t)counts[i]);
+            for (auto &t : tok) t = r.uni(p.vocab);
+            kd_batch b;
+            b.n_rows = 1, b.rows = &row, b.tokens = tok.data();
+            char what[64];
+            snprintf(what, sizeof what, "prefill of %d tokens", counts[i]);
+            std::vector<float> lg, lc;
+            const int64_t before = kd_cuda_ksplit_launches(p.gpu);
+            forward_both(p, what, b, lg, lc);
+            compare_states(p, i, what, false);
+            const int64_t ran = kd_cuda_ksplit_launches(p.gpu) - before;
+            const bool want = counts[i] >= 5 && counts[i] <= 128;
+            report(want ? ran > 0 : ran == 0, "%s %s: %lld products in K slices (%s)", lab, what, (long long)ran,
+                   want ? "the default's range, 5..128 tokens" : "outside the default's range: none");
+        }
+    }
+    kd_backend_free(p.gpu);
+    kd_backend_free(p.cpu);
+}
+
 // ----------------------------------------------------------------------------- oracle
 
 static std::vector<int32_t> ints(const kd_st_file *f, const char *name) {
@@ -2280,6 +2331,7 @@ int main(int argc, char **argv) {
                 if (quick && (bf || i >= 3)) continue;
                 random_case(specs[i], bf, mode, seed + 1000 * i, quick ? 4 : (bf ? 8 : 14));
             }
+    if (!quick) ksplit_default_case(specs[1], seed + 61);
     /* the prefill recurrence's other forms (kd_cu_prefill_form; the cases above run the default) */
     for (int form : {0, 1}) {
         kd_cu_prefill_form(form);
