@@ -174,6 +174,27 @@ static void on_event(void *ctx, const kd_event *ev) {
     if (ev->finish != KD_FINISH_NONE) s->finished++;
 }
 
+// The end-to-end runs' backend calls, timed (a copy of the backend's table with these in its
+// place): forward_sample's and commit's wall time, so that a decode-phase step splits into the
+// backend's forward and what the engine does around it.
+static const kd_backend_ops *g_real_ops;
+static double g_fs_s, g_commit_s;
+static int64_t g_fs_n, g_commit_n;
+static int timed_forward_sample(kd_backend *b, const kd_batch *batch, const kd_sample_params *params,
+                                const double *uniforms, int32_t *tokens, int32_t *accepted, int32_t *used,
+                                kd_err *err) {
+    const double t0 = now();
+    const int rc = g_real_ops->forward_sample(b, batch, params, uniforms, tokens, accepted, used, err);
+    g_fs_s += now() - t0, g_fs_n++;
+    return rc;
+}
+static int timed_commit(kd_backend *b, int32_t slot, int32_t n, int32_t snap_at, void *snap_dst, kd_err *err) {
+    const double t0 = now();
+    const int rc = g_real_ops->commit(b, slot, n, snap_at, snap_dst, err);
+    g_commit_s += now() - t0, g_commit_n++;
+    return rc;
+}
+
 // Decode steps of Bn verify rows (slots 0 .. Bn - 1) of T random tokens below vocab, greedy, each
 // row folding rec[r] records (then T: every draft accepted): warm steps, then n timed, in the
 // backend's current settings. The mean ms a timed step, or -1 with the error printed. profile: the
@@ -893,6 +914,10 @@ int main(int argc, char **argv) {
     for (auto &x : pat) x = (int32_t)(rnd() % (uint64_t)VOC);
     bool e2e_first = true;
     uint64_t id = 1;
+    static kd_backend_ops timed_ops;
+    g_real_ops = be->ops, timed_ops = *be->ops;
+    timed_ops.forward_sample = timed_forward_sample, timed_ops.commit = timed_commit;
+    be->ops = &timed_ops; /* restored after the end-to-end runs */
     std::vector<std::vector<int32_t>> cont(128);
     int e2e_passes = 1, n_warm = -1;
     if (!env_int("KD_BENCH_E2E_PASSES", 1, 4, &e2e_passes) || !env_int("KD_BENCH_WARM", 0, 96, &n_warm)) return 2;
@@ -925,12 +950,18 @@ int main(int argc, char **argv) {
                 const double ts = now();
                 double tdec = 0, slowest = 0; /* the longest decode-phase step */
                 int64_t tok_dec = 0; /* tokens generated when the decode phase starts */
+                std::vector<double> dsteps; /* the decode phase's steps, s (engine step, wall) */
+                double fs0 = 0, cm0 = 0;
+                int64_t fsn0 = 0, cmn0 = 0;
                 while (kd_engine_has_work(e)) {
                     const double t0 = now();
                     if (kd_engine_step(e, &err) < 0) return printf("step: %s\n", err.msg), 1;
+                    if (tdec > 0) dsteps.push_back(now() - t0);
                     if (tdec > 0 && now() - t0 > slowest) slowest = now() - t0;
-                    if (tdec == 0 && sink.toks.size() >= (size_t)nreq) // every request has its first token
+                    if (tdec == 0 && sink.toks.size() >= (size_t)nreq) { // every request has its first token
                         tdec = now(), tok_dec = sink.tokens;
+                        fs0 = g_fs_s, cm0 = g_commit_s, fsn0 = g_fs_n, cmn0 = g_commit_n;
+                    }
                 }
                 const double tend = now();
                 kd_engine_stats st1;
@@ -949,6 +980,23 @@ int main(int argc, char **argv) {
                        gen / (tend - ts), dec_tok / dec_s, (long long)steps, slowest * 1e3, (long long)ac,
                        (long long)dr,
                        (long long)(cap1 - cap0), (long long)(rep1 - rep0));
+                if (!dsteps.empty()) { /* where the decode phase's time goes: steps and between them */
+                    std::vector<double> v = dsteps;
+                    std::sort(v.begin(), v.end());
+                    double sum = 0;
+                    for (double x : v) sum += x;
+                    const double med = v[v.size() / 2];
+                    printf("end to end: %d requests, s=%d %s: decode phase %zu steps: median %.3f ms, p10 %.3f, p90 "
+                           "%.3f, max %.3f; steps %.3f s of the phase's %.3f s; over the median %.3f s\n",
+                           nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", v.size(), med * 1e3,
+                           v[v.size() / 10] * 1e3, v[v.size() * 9 / 10] * 1e3, v.back() * 1e3, sum, dec_s,
+                           sum - med * (double)v.size());
+                    printf("end to end: %d requests, s=%d %s: decode phase: forward_sample %lld calls %.3f s (%.3f ms "
+                           "each), commit %lld calls %.3f s, the rest of the steps %.3f s\n",
+                           nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", (long long)(g_fs_n - fsn0),
+                           g_fs_s - fs0, g_fs_n > fsn0 ? (g_fs_s - fs0) * 1e3 / (double)(g_fs_n - fsn0) : 0.0,
+                           (long long)(g_commit_n - cmn0), g_commit_s - cm0, sum - (g_fs_s - fs0) - (g_commit_s - cm0));
+                }
                 if (sink.finished != nreq) fails++;
                 snprintf(buf, sizeof buf,
                          "%s    {\"pass\": %d, \"requests\": %d, \"spec\": %d, \"drafter\": \"%s\", \"prompt\": %d, "
@@ -973,6 +1021,7 @@ int main(int argc, char **argv) {
                          slowest * 1e3, (long long)(cap1 - cap0), (long long)ac, (long long)dr);
                 md2 += buf;
             }
+    be->ops = g_real_ops;
     if (e2e_only) {
         int64_t gcap = 0, grep = 0;
         kd_cuda_graph_stats(be, &gcap, &grep);
