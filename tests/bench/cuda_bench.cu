@@ -898,6 +898,14 @@ int main(int argc, char **argv) {
     const bool e2e_only = getenv("KD_BENCH_E2E") != nullptr;
     int rc = e2e_only ? 0 : run_pass(0);
     if (rc) return rc < 0 ? 1 : 0;
+    if (e2e_only) { /* the end-to-end runs' decode steps as the step table times them, for comparison */
+        std::vector<int32_t> rec0(128, 0);
+        for (int Bn : {32, 128}) {
+            const double ms = time_steps(be, Bn, 1, VOC, 3, 20, rec0, false);
+            if (ms < 0) return 1;
+            printf("step (graphs) B=%d s=0: %.3f ms (time_steps: mean of 20 after 3)\n", Bn, ms);
+        }
+    }
 
     // free the slots for the engine: commit what the step runs left recorded
     for (int r = 0; r < 128; r++)
