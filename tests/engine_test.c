@@ -768,6 +768,70 @@ START_TEST(test_handoff) {
 }
 END_TEST
 
+/* A request that finishes without exporting its state and without a prefix-cache snapshot to
+ * store leaves its last window's tokens unfolded (no flush: the fold would be work for nothing,
+ * the state goes with the request); the slot's next owner starts from a reset slot and its
+ * tokens are the reference's. Exporting the state, the finish folds them first (a flush) and
+ * the exported state is the reference's after every token but the last. One slot, so every
+ * request takes the last one's; random prompts and lengths, windows of 1 and 4. */
+START_TEST(test_finish_no_flush) {
+    kd_model *m = oracle_model("tiny");
+    refbe ref;
+    ref_open(&ref, m, 1, 0);
+    kd_test_rng rng;
+    kd_test_rng_init(&rng, kd_test_seed() + 123);
+    kd_engine_config cfg;
+    kd_engine_config_defaults(&cfg);
+    cfg.max_seqs = 1, cfg.max_spec = 3, cfg.max_batch_tokens = 64;
+    collector *c = collector_new();
+    kd_backend *be;
+    kd_engine *e = engine_open(m, &cfg, c, &be);
+    const size_t sb = kd_backend_state_bytes(be);
+    float *state = malloc(sb), *want = malloc(sb);
+    ck_assert(state && want);
+    kd_err err;
+    for (int round = 0; round < 6; round++) {
+        int32_t prompt[40], expect[24];
+        const int32_t n = 2 + (int32_t)(kd_test_rng_u64(&rng) % 30), gen = 3 + (int32_t)(kd_test_rng_u64(&rng) % 20);
+        for (int i = 0; i < n; i++) prompt[i] = (int32_t)(kd_test_rng_u64(&rng) % 384);
+        ref_greedy(&ref, prompt, n, gen, expect);
+        const int exported = round >= 4;
+        const uint64_t id = (uint64_t)round + 1;
+        kd_request_params p = greedy_params(id, prompt, n, gen);
+        p.spec_tokens = round % 2 ? 3 : 0, p.draft = KD_DRAFT_ORACLE, p.oracle = expect, p.n_oracle = gen;
+        if (exported) p.export_state = state;
+        kd_engine_stats st0, st1;
+        kd_engine_stats_get(e, &st0);
+        ck_assert_msg(kd_engine_submit(e, &p, &err) == KD_SUBMIT_OK, "%s", err.msg);
+        run_to_end(e);
+        kd_engine_stats_get(e, &st1);
+        ck_assert_int_eq(c->o[id].fin, KD_FINISH_LENGTH);
+        ck_assert_int_eq(c->o[id].n, gen);
+        for (int i = 0; i < gen; i++) ck_assert_int_eq(c->o[id].toks[i], expect[i]);
+        if (!exported) {
+            ck_assert_int_eq(st1.flushes, st0.flushes);
+            ck_assert_int_gt(be->records[0], 0); /* left in the slot for its next owner's reset */
+        } else {
+            ck_assert_int_eq(st1.flushes, st0.flushes + 1);
+            ck_assert_int_eq(be->records[0], 0);
+            kd_backend_reset_slot(ref.be, 0, NULL);
+            ref_feed(&ref, 0, prompt, n);
+            ref_feed(&ref, 0, expect, gen - 1);
+            kd_backend_state_read(ref.be, 0, want, sb, NULL);
+            const double d = state_rel(state, want, sb / sizeof(float));
+            ck_assert_msg(d < 1e-5, "round %d: exported state rel err %.3e", round, d);
+        }
+    }
+    ck_assert_int_eq(c->errors, 0);
+    free(state), free(want);
+    kd_engine_free(e);
+    kd_backend_free(be);
+    collector_free(c);
+    ref_close(&ref);
+    kd_model_close(m);
+}
+END_TEST
+
 /* ----------------------------------------------------------------- API misuse */
 
 START_TEST(test_submit_errors) {
@@ -842,6 +906,7 @@ int main(void) {
     tcase_add_test(tc, test_submit_errors);
     tcase_add_test(tc, test_caller_drafts);
     tcase_add_test(tc, test_handoff);
+    tcase_add_test(tc, test_finish_no_flush);
     suite_add_tcase(s, tc);
     return kd_test_run_suite(s);
 }

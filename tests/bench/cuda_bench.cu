@@ -925,7 +925,6 @@ int main(int argc, char **argv) {
     static kd_backend_ops timed_ops;
     g_real_ops = be->ops, timed_ops = *be->ops;
     timed_ops.forward_sample = timed_forward_sample, timed_ops.commit = timed_commit;
-    be->ops = &timed_ops; /* restored after the end-to-end runs */
     std::vector<std::vector<int32_t>> cont(128);
     int e2e_passes = 1, n_warm = -1;
     if (!env_int("KD_BENCH_E2E_PASSES", 1, 4, &e2e_passes) || !env_int("KD_BENCH_WARM", 0, 96, &n_warm)) return 2;
@@ -961,6 +960,7 @@ int main(int argc, char **argv) {
                 std::vector<double> dsteps; /* the decode phase's steps, s (engine step, wall) */
                 double fs0 = 0, cm0 = 0;
                 int64_t fsn0 = 0, cmn0 = 0;
+                be->ops = &timed_ops; /* only around the steps: the kd_cuda_* calls know the backend by its table */
                 while (kd_engine_has_work(e)) {
                     const double t0 = now();
                     if (kd_engine_step(e, &err) < 0) return printf("step: %s\n", err.msg), 1;
@@ -972,6 +972,7 @@ int main(int argc, char **argv) {
                     }
                 }
                 const double tend = now();
+                be->ops = g_real_ops;
                 kd_engine_stats st1;
                 kd_engine_stats_get(e, &st1);
                 const int64_t gen = st1.tokens_generated - st0.tokens_generated, steps = st1.steps - st0.steps;
@@ -1029,7 +1030,6 @@ int main(int argc, char **argv) {
                          slowest * 1e3, (long long)(cap1 - cap0), (long long)ac, (long long)dr);
                 md2 += buf;
             }
-    be->ops = g_real_ops;
     if (e2e_only) {
         int64_t gcap = 0, grep = 0;
         kd_cuda_graph_stats(be, &gcap, &grep);
