@@ -160,6 +160,66 @@ START_TEST(test_ngram_long) {
 }
 END_TEST
 
+/* The index (kd_ngram_index_propose) against the naive reference at every length of a growing
+ * history: small alphabets (many matches, long chains), planted copies of the tail, random n_min,
+ * n_max and draft lengths; the out buffer exactly max_draft long (the sanitizers see any write past
+ * it). Also a call with a shorter history than the index has seen, and argument errors. */
+START_TEST(test_ngram_index) {
+    enum { CAP = 300 };
+    int32_t hist[CAP], want[16];
+    for (int trial = 0; trial < 400; trial++) {
+        const int32_t alpha = 1 + rand_below(trial % 3 ? 6 : 400);
+        const int32_t n_min = 1 + rand_below(4), max_draft = 1 + rand_below(9);
+        const int64_t len = 1 + rand_below(CAP);
+        kd_ngram_index ix;
+        ck_assert_int_eq(kd_ngram_index_init(&ix, len, n_min), 0);
+        for (int64_t n = 0; n < len; n++) {
+            hist[n] = rand_below(alpha);
+            if (n > 8 && rand_below(16) == 0) { /* a copy of the tail planted at the end */
+                const int32_t c = 1 + rand_below(6), at = rand_below((int32_t)(n - c));
+                for (int32_t i = 0; i < c && n < len - 1; i++) hist[++n] = hist[at + i];
+            }
+            const int32_t n_max = n_min + rand_below(7);
+            int32_t *out = malloc((size_t)max_draft * sizeof *out);
+            const int32_t got = kd_ngram_index_propose(&ix, hist, n + 1, n_max, max_draft, out);
+            const int32_t n_want = naive_ngram(hist, n + 1, n_min, n_max, max_draft, want);
+            ck_assert_msg(got == n_want, "trial %d n_hist %lld n_min %d n_max %d: got %d want %d", trial,
+                          (long long)n + 1, n_min, n_max, got, n_want);
+            for (int32_t i = 0; i < got; i++) ck_assert_int_eq(out[i], want[i]);
+            if (n > 4 && rand_below(8) == 0) { /* a shorter history than the index has chained */
+                const int64_t m = n + 1 - rand_below(4);
+                const int32_t g2 = kd_ngram_index_propose(&ix, hist, m, n_max, max_draft, out);
+                const int32_t w2 = naive_ngram(hist, m, n_min, n_max, max_draft, want);
+                ck_assert_int_eq(g2, w2);
+                for (int32_t i = 0; i < g2; i++) ck_assert_int_eq(out[i], want[i]);
+            }
+            free(out);
+        }
+        int32_t out1[1];
+        ck_assert_int_eq(kd_ngram_index_propose(&ix, hist, len + 1, 3, 1, out1), 0); /* past cap */
+        ck_assert_int_eq(kd_ngram_index_propose(&ix, hist, len, n_min - 1, 1, out1), 0); /* n_max < n_min */
+        kd_ngram_index_free(&ix);
+        kd_ngram_index_free(&ix); /* twice: nothing left to free */
+    }
+    kd_ngram_index bad;
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 0, 1), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 0), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 65), -1);
+    int32_t out[4];
+    ck_assert_int_eq(kd_ngram_index_propose(&bad, hist, 2, 3, 4, out), 0); /* a failed init proposes nothing */
+    /* one token repeated: the chain is the whole history, the first end reaches n_max */
+    enum { N = 30000 };
+    int32_t *h = malloc(N * sizeof *h);
+    for (int i = 0; i < N; i++) h[i] = 3;
+    kd_ngram_index ix;
+    ck_assert_int_eq(kd_ngram_index_init(&ix, N, 1), 0);
+    ck_assert_int_eq(kd_ngram_index_propose(&ix, h, N, 8, 4, out), 1);
+    ck_assert_int_eq(out[0], 3);
+    kd_ngram_index_free(&ix);
+    free(h);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- greedy acceptance */
 
 static float *rand_logits(int32_t rows, int32_t vocab, double scale) {
@@ -572,6 +632,7 @@ int main(void) {
     tcase_add_test(tc, test_ngram_hand);
     tcase_add_test(tc, test_ngram_random);
     tcase_add_test(tc, test_ngram_long);
+    tcase_add_test(tc, test_ngram_index);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("accept");

@@ -2,6 +2,35 @@
 #include "worker/spec.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+/* The best end so far (e, its match length) of a proposal's search. */
+typedef struct best {
+    int64_t e;
+    int32_t len;
+} best;
+
+/* Judges end e: its match length with the suffix, capped at n_max; kept if longer than the best
+ * so far (so among equals the first judged, the latest when ends come latest first). Returns 1
+ * when the length reached n_max (no later end can do better). */
+static int judge(const int32_t *hist, int64_t n_hist, int64_t e, int32_t n_max, best *b) {
+    const int32_t *suf_end = hist + n_hist; /* the suffix ends here */
+    const int64_t cap = e < n_max ? e : n_max;
+    int32_t len = 0;
+    while (len < cap && hist[e - 1 - len] == suf_end[-1 - len]) len++;
+    if (len <= b->len) return 0;
+    b->len = len, b->e = e;
+    return len == n_max;
+}
+
+/* The tokens that followed the best end, up to max_draft; how many. */
+static int32_t proposal(const int32_t *hist, int64_t n_hist, const best *b, int32_t max_draft, int32_t *out) {
+    if (b->e < 0) return 0;
+    const int64_t avail = n_hist - b->e; /* >= 1 */
+    const int32_t n = avail < max_draft ? (int32_t)avail : max_draft;
+    for (int32_t i = 0; i < n; i++) out[i] = hist[b->e + i];
+    return n;
+}
 
 /* One backward scan over the candidate match ends e (the occurrence is hist[e-len, e), e <=
  * n_hist - 1 so it is never the suffix itself); len(e) is the common suffix length of
@@ -14,23 +43,60 @@ int32_t kd_ngram_propose(const int32_t *hist, int64_t n_hist, int32_t n_min, int
     if (!hist || !out || n_hist < 2 || max_draft <= 0) return 0;
     if (n_min < 1) n_min = 1;
     if (n_max < n_min) return 0;
-    const int32_t *suf_end = hist + n_hist; /* the suffix ends here */
-    int64_t best_e = -1;
-    int32_t best_len = n_min - 1;
-    for (int64_t e = n_hist - 1; e >= n_min; e--) {
-        int64_t cap = e < n_max ? e : n_max;
-        int32_t len = 0;
-        while (len < cap && hist[e - 1 - len] == suf_end[-1 - len]) len++;
-        if (len > best_len) {
-            best_len = len, best_e = e;
-            if (len == n_max) break;
-        }
+    best b = {-1, n_min - 1};
+    for (int64_t e = n_hist - 1; e >= n_min; e--)
+        if (judge(hist, n_hist, e, n_max, &b)) break;
+    return proposal(hist, n_hist, &b, max_draft, out);
+}
+
+/* FNV-1a over the n tokens before e. */
+static uint32_t gram_hash(const int32_t *hist, int64_t e, int32_t n) {
+    uint32_t h = 2166136261u;
+    for (int64_t i = e - n; i < e; i++) {
+        uint32_t t = (uint32_t)hist[i];
+        for (int b = 0; b < 4; b++, t >>= 8) h = (h ^ (t & 0xffu)) * 16777619u;
     }
-    if (best_e < 0) return 0;
-    int64_t avail = n_hist - best_e; /* >= 1 */
-    int32_t n = avail < max_draft ? (int32_t)avail : max_draft;
-    for (int32_t i = 0; i < n; i++) out[i] = hist[best_e + i];
-    return n;
+    return h;
+}
+
+int kd_ngram_index_init(kd_ngram_index *ix, int64_t cap, int32_t n_min) {
+    memset(ix, 0, sizeof *ix);
+    if (cap < 1 || cap > ((int64_t)1 << 30) || n_min < 1 || n_min > 64) return -1;
+    uint32_t buckets = 64;
+    while (buckets < (uint64_t)cap) buckets *= 2;
+    ix->head = malloc((size_t)buckets * sizeof *ix->head);
+    ix->prev = malloc((size_t)cap * sizeof *ix->prev);
+    if (!ix->head || !ix->prev) {
+        kd_ngram_index_free(ix);
+        return -1;
+    }
+    memset(ix->head, 0xff, (size_t)buckets * sizeof *ix->head); /* -1 */
+    ix->mask = buckets - 1, ix->cap = cap, ix->n_min = n_min, ix->next = n_min;
+    return 0;
+}
+
+void kd_ngram_index_free(kd_ngram_index *ix) {
+    free(ix->head), free(ix->prev);
+    memset(ix, 0, sizeof *ix);
+}
+
+int32_t kd_ngram_index_propose(kd_ngram_index *ix, const int32_t *hist, int64_t n_hist, int32_t n_max,
+                               int32_t max_draft, int32_t *out) {
+    const int32_t n_min = ix->n_min;
+    if (!ix->head || !hist || !out || n_hist < 2 || n_hist > ix->cap || max_draft <= 0 || n_max < n_min) return 0;
+    for (; ix->next <= n_hist - 1; ix->next++) { /* chain the ends this history adds */
+        const int64_t e = ix->next;
+        const uint32_t b = gram_hash(hist, e, n_min) & ix->mask;
+        ix->prev[e] = ix->head[b], ix->head[b] = (int32_t)e;
+    }
+    if (n_hist - 1 < n_min) return 0; /* no end in [n_min, n_hist - 1] */
+    best b = {-1, n_min - 1};
+    /* the scan's judgement on the chain's ends, latest first; an end off the chain matches fewer
+     * than n_min tokens, so it could not have been the scan's answer */
+    for (int64_t e = ix->head[gram_hash(hist, n_hist, n_min) & ix->mask]; e >= 0; e = ix->prev[e])
+        if (e <= n_hist - 1 && judge(hist, n_hist, e, n_max, &b)) /* (a later end: a longer history's) */
+            break;
+    return proposal(hist, n_hist, &b, max_draft, out);
 }
 
 /* The window's logic is the kernels' reference (kd_accept_window, which backends reproduce

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kd/backend.h"
+#include "tests/bench/host.h"
 #include "worker/model.h"
 
 static double now(void) {
@@ -107,27 +108,11 @@ int main(int argc, char **argv) {
         if (bench_model(eq + 1, spec, 256, &res[i])) return 1;
         free(spec);
     }
-    char cpu[256] = "unknown CPU";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *p = strchr(line, ':');
-            if (p) snprintf(cpu, sizeof cpu, "%s", p + 2);
-            cpu[strcspn(cpu, "\n")] = 0;
-            break;
-        }
-    if (f) fclose(f);
+    char cpu[256], date[64];
+    kd_bench_host(cpu, sizeof cpu, date, sizeof date);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    char date[64];
-    time_t tt = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
-    char path[1024];
-    snprintf(path, sizeof path, "%s.json", argv[1]);
-    FILE *js = fopen(path, "w");
-    snprintf(path, sizeof path, "%s.md", argv[1]);
-    FILE *md = fopen(path, "w");
-    if (!js || !md) return fprintf(stderr, "cannot write %s\n", argv[1]), 1;
+    FILE *js, *md;
+    if (kd_bench_open(argv[1], &js, &md)) return 1;
     fprintf(js, "{\"device\":\"%s (%ld cores)\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"%s\",\"results\":[",
             cpu, cores, date, argv[2], argv[3]);
     fprintf(md, "# CPU backend throughput\n\ndevice: %s (%ld cores); date: %s; commit: %s\n\ncommand: `%s`\n\n",

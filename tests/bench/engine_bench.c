@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kd/backend.h"
+#include "tests/bench/host.h"
 #include "worker/engine.h"
 #include "worker/mkmodel.h"
 #include "worker/model.h"
@@ -108,23 +109,10 @@ int main(int argc, char **argv) {
                                        specs[si], kd_commit_mode_name((kd_commit_mode)mode)), 1;
                 nres++;
             }
-    char cpu[256] = "unknown CPU", line[512], date[64], path[1024];
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *p = strchr(line, ':');
-            if (p) snprintf(cpu, sizeof cpu, "%s", p + 2);
-            cpu[strcspn(cpu, "\n")] = 0;
-            break;
-        }
-    if (f) fclose(f);
-    time_t tt = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
-    snprintf(path, sizeof path, "%s.json", argv[1]);
-    FILE *js = fopen(path, "w");
-    snprintf(path, sizeof path, "%s.md", argv[1]);
-    FILE *md = fopen(path, "w");
-    if (!js || !md) return fprintf(stderr, "cannot write %s\n", argv[1]), 1;
+    char cpu[256], date[64];
+    kd_bench_host(cpu, sizeof cpu, date, sizeof date);
+    FILE *js, *md;
+    if (kd_bench_open(argv[1], &js, &md)) return 1;
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     fprintf(js, "{\"device\":\"%s (%ld cores)\",\"date\":\"%s\",\"commit\":\"%s\",\"command\":\"%s\",\"model\":\"%s\","
                 "\"prompt\":%d,\"generated\":%d,\"draft\":\"oracle, corrupt 0.2\",\"results\":[",
