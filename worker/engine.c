@@ -273,8 +273,10 @@ static kd_submit_status make_request(kd_engine *e, const kd_request_params *p, r
     /* the proposer's index of the history: a step's lookup walks the matches of the last
      * ngram_min tokens instead of scanning the whole history (tests/bench/results/ngram_cpu.md) */
     if (r->draft == KD_DRAFT_NGRAM && kd_ngram_index_init(&r->ngram, r->cap, r->ngram_min)) {
+        const long long cap = (long long)r->cap;
         req_free(r);
-        return kd_fail(err, "out of memory"), KD_SUBMIT_NOMEM;
+        return kd_fail(err, "request %llu: out of memory (n-gram index of %lld tokens)", (unsigned long long)p->id,
+                       cap), KD_SUBMIT_NOMEM;
     }
     r->n_stop = p->n_stop;
     r->eos = p->eos_id;

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* The best end so far (e, its match length) of a proposal's search. */
 typedef struct best {
@@ -49,14 +50,10 @@ int32_t kd_ngram_propose(const int32_t *hist, int64_t n_hist, int32_t n_min, int
     return proposal(hist, n_hist, &b, max_draft, out);
 }
 
-/* FNV-1a over the n tokens before e. */
-static uint32_t gram_hash(const int32_t *hist, int64_t e, int32_t n) {
-    uint32_t h = 2166136261u;
-    for (int64_t i = e - n; i < e; i++) {
-        uint32_t t = (uint32_t)hist[i];
-        for (int b = 0; b < 4; b++, t >>= 8) h = (h ^ (t & 0xffu)) * 16777619u;
-    }
-    return h;
+/* The n tokens before e, hashed (XXH3-64 of their bytes; the chains only need equal n-grams in
+ * one bucket, so the byte order does not matter). */
+static uint64_t gram_hash(const int32_t *hist, int64_t e, int32_t n) {
+    return XXH3_64bits(hist + e - n, (size_t)n * sizeof *hist);
 }
 
 int kd_ngram_index_init(kd_ngram_index *ix, int64_t cap, int32_t n_min) {
@@ -86,14 +83,14 @@ int32_t kd_ngram_index_propose(kd_ngram_index *ix, const int32_t *hist, int64_t 
     if (!ix->head || !hist || !out || n_hist < 2 || n_hist > ix->cap || max_draft <= 0 || n_max < n_min) return 0;
     for (; ix->next <= n_hist - 1; ix->next++) { /* chain the ends this history adds */
         const int64_t e = ix->next;
-        const uint32_t b = gram_hash(hist, e, n_min) & ix->mask;
+        const uint32_t b = (uint32_t)(gram_hash(hist, e, n_min) & ix->mask);
         ix->prev[e] = ix->head[b], ix->head[b] = (int32_t)e;
     }
     if (n_hist - 1 < n_min) return 0; /* no end in [n_min, n_hist - 1] */
     best b = {-1, n_min - 1};
     /* the scan's judgement on the chain's ends, latest first; an end off the chain matches fewer
      * than n_min tokens, so it could not have been the scan's answer */
-    for (int64_t e = ix->head[gram_hash(hist, n_hist, n_min) & ix->mask]; e >= 0; e = ix->prev[e])
+    for (int64_t e = ix->head[(uint32_t)(gram_hash(hist, n_hist, n_min) & ix->mask)]; e >= 0; e = ix->prev[e])
         if (e <= n_hist - 1 && judge(hist, n_hist, e, n_max, &b)) /* (a later end: a longer history's) */
             break;
     return proposal(hist, n_hist, &b, max_draft, out);
