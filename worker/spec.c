@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#define XXH_INLINE_ALL /* the n-grams are a few bytes: inlined, a call into the library costs more than the hash */
 #include <xxhash.h>
 
 /* The best end so far (e, its match length) of a proposal's search. */
