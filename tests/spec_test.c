@@ -170,16 +170,18 @@ START_TEST(test_ngram_index) {
     for (int trial = 0; trial < 400; trial++) {
         const int32_t alpha = 1 + rand_below(trial % 3 ? 6 : 400);
         const int32_t n_min = 1 + rand_below(4), max_draft = 1 + rand_below(9);
+        const int32_t init_max = n_min + rand_below(7); /* chains up to n_min + 3 (KD_NGRAM_LEVELS) */
         const int64_t len = 1 + rand_below(CAP);
         kd_ngram_index ix;
-        ck_assert_int_eq(kd_ngram_index_init(&ix, len, n_min), 0);
+        ck_assert_int_eq(kd_ngram_index_init(&ix, len, n_min, init_max), 0);
+        ck_assert_int_eq(ix.n_top, init_max < n_min + KD_NGRAM_LEVELS - 1 ? init_max : n_min + KD_NGRAM_LEVELS - 1);
         for (int64_t n = 0; n < len; n++) {
             hist[n] = rand_below(alpha);
             if (n > 8 && rand_below(16) == 0) { /* a copy of the tail planted at the end */
                 const int32_t c = 1 + rand_below(6), at = rand_below((int32_t)(n - c));
                 for (int32_t i = 0; i < c && n < len - 1; i++) hist[++n] = hist[at + i];
             }
-            const int32_t n_max = n_min + rand_below(7);
+            const int32_t n_max = n_min + rand_below(7); /* below, at or above init's */
             int32_t *out = malloc((size_t)max_draft * sizeof *out);
             const int32_t got = kd_ngram_index_propose(&ix, hist, n + 1, n_max, max_draft, out);
             const int32_t n_want = naive_ngram(hist, n + 1, n_min, n_max, max_draft, want);
@@ -202,9 +204,11 @@ START_TEST(test_ngram_index) {
         kd_ngram_index_free(&ix); /* twice: nothing left to free */
     }
     kd_ngram_index bad;
-    ck_assert_int_eq(kd_ngram_index_init(&bad, 0, 1), -1);
-    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 0), -1);
-    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 65), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 0, 1, 3), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 0, 3), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 65, 65), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 1, 65), -1);
+    ck_assert_int_eq(kd_ngram_index_init(&bad, 10, 3, 2), -1); /* n_max < n_min */
     int32_t out[4];
     ck_assert_int_eq(kd_ngram_index_propose(&bad, hist, 2, 3, 4, out), 0); /* a failed init proposes nothing */
     /* one token repeated: the chain is the whole history, the first end reaches n_max */
@@ -212,9 +216,21 @@ START_TEST(test_ngram_index) {
     int32_t *h = malloc(N * sizeof *h);
     for (int i = 0; i < N; i++) h[i] = 3;
     kd_ngram_index ix;
-    ck_assert_int_eq(kd_ngram_index_init(&ix, N, 1), 0);
+    ck_assert_int_eq(kd_ngram_index_init(&ix, N, 1, 8), 0);
     ck_assert_int_eq(kd_ngram_index_propose(&ix, h, N, 8, 4, out), 1);
     ck_assert_int_eq(out[0], 3);
+    kd_ngram_index_free(&ix);
+    /* a long history whose last token is frequent but whose last 3 tokens occur once, early: the answer
+     * is that occurrence (a 3-token match), found on the 3-token chain */
+    for (int i = 0; i < N; i++) h[i] = i % 2 ? 7 : 100 + i % 5000;
+    h[10] = 41, h[11] = 42, h[12] = 7, h[13] = 99; /* 41 42 7 -> 99 */
+    h[N - 3] = 41, h[N - 2] = 42, h[N - 1] = 7;
+    ck_assert_int_eq(kd_ngram_index_init(&ix, N, 1, 3), 0);
+    ck_assert_int_eq(kd_ngram_index_propose(&ix, h, N, 3, 2, out), 2);
+    ck_assert_int_eq(out[0], 99);
+    ck_assert_int_eq(out[1], h[14]);
+    ck_assert_int_eq(kd_ngram_propose(h, N, 1, 3, 2, want), 2);
+    ck_assert_int_eq(want[0], 99);
     kd_ngram_index_free(&ix);
     free(h);
 }

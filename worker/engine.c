@@ -272,7 +272,7 @@ static kd_submit_status make_request(kd_engine *e, const kd_request_params *p, r
     if (r->ngram_max < r->ngram_min) r->ngram_max = r->ngram_min;
     /* the proposer's index of the history: a step's lookup walks the matches of the last
      * ngram_min tokens instead of scanning the whole history (tests/bench/results/ngram_cpu.md) */
-    if (r->draft == KD_DRAFT_NGRAM && kd_ngram_index_init(&r->ngram, r->cap, r->ngram_min)) {
+    if (r->draft == KD_DRAFT_NGRAM && kd_ngram_index_init(&r->ngram, r->cap, r->ngram_min, r->ngram_max)) {
         const long long cap = (long long)r->cap;
         req_free(r);
         return kd_fail(err, "request %llu: out of memory (n-gram index of %lld tokens)", (unsigned long long)p->id,

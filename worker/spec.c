@@ -57,44 +57,52 @@ static uint64_t gram_hash(const int32_t *hist, int64_t e, int32_t n) {
     return XXH3_64bits(hist + e - n, (size_t)n * sizeof *hist);
 }
 
-int kd_ngram_index_init(kd_ngram_index *ix, int64_t cap, int32_t n_min) {
+int kd_ngram_index_init(kd_ngram_index *ix, int64_t cap, int32_t n_min, int32_t n_max) {
     memset(ix, 0, sizeof *ix);
-    if (cap < 1 || cap > ((int64_t)1 << 30) || n_min < 1 || n_min > 64) return -1;
+    if (cap < 1 || cap > ((int64_t)1 << 30) || n_min < 1 || n_max < n_min || n_max > 64) return -1;
+    const int32_t levels = n_max - n_min + 1 < KD_NGRAM_LEVELS ? n_max - n_min + 1 : KD_NGRAM_LEVELS;
     uint32_t buckets = 64;
     while (buckets < (uint64_t)cap) buckets *= 2;
-    ix->head = malloc((size_t)buckets * sizeof *ix->head);
-    ix->prev = malloc((size_t)cap * sizeof *ix->prev);
-    if (!ix->head || !ix->prev) {
-        kd_ngram_index_free(ix);
-        return -1;
-    }
-    memset(ix->head, 0xff, (size_t)buckets * sizeof *ix->head); /* -1 */
-    ix->mask = buckets - 1, ix->cap = cap, ix->n_min = n_min, ix->next = n_min;
+    int32_t *mem = malloc((size_t)levels * ((size_t)buckets + (size_t)cap) * sizeof *mem);
+    if (!mem) return -1;
+    memset(mem, 0xff, (size_t)levels * buckets * sizeof *mem); /* every head -1 */
+    for (int32_t i = 0; i < levels; i++)
+        ix->head[i] = mem + (size_t)i * buckets, ix->prev[i] = mem + (size_t)levels * buckets + (size_t)i * cap;
+    ix->mask = buckets - 1, ix->cap = cap, ix->n_min = n_min, ix->n_top = n_min + levels - 1, ix->next = n_min;
     return 0;
 }
 
 void kd_ngram_index_free(kd_ngram_index *ix) {
-    free(ix->head), free(ix->prev);
+    free(ix->head[0]); /* the one block (init) */
     memset(ix, 0, sizeof *ix);
 }
 
 int32_t kd_ngram_index_propose(kd_ngram_index *ix, const int32_t *hist, int64_t n_hist, int32_t n_max,
                                int32_t max_draft, int32_t *out) {
     const int32_t n_min = ix->n_min;
-    if (!ix->head || !hist || !out || n_hist < 2 || n_hist > ix->cap || max_draft <= 0 || n_max < n_min) return 0;
-    for (; ix->next <= n_hist - 1; ix->next++) { /* chain the ends this history adds */
+    if (!ix->head[0] || !hist || !out || n_hist < 2 || n_hist > ix->cap || max_draft <= 0 || n_max < n_min) return 0;
+    for (; ix->next <= n_hist - 1; ix->next++) { /* chain the ends this history adds, at each length up to e */
         const int64_t e = ix->next;
-        const uint32_t b = (uint32_t)(gram_hash(hist, e, n_min) & ix->mask);
-        ix->prev[e] = ix->head[b], ix->head[b] = (int32_t)e;
+        for (int32_t L = n_min; L <= ix->n_top && L <= e; L++) {
+            const int32_t i = L - n_min;
+            const uint32_t b = (uint32_t)(gram_hash(hist, e, L) & ix->mask);
+            ix->prev[i][e] = ix->head[i][b], ix->head[i][b] = (int32_t)e;
+        }
     }
-    if (n_hist - 1 < n_min) return 0; /* no end in [n_min, n_hist - 1] */
-    best b = {-1, n_min - 1};
-    /* the scan's judgement on the chain's ends, latest first; an end off the chain matches fewer
-     * than n_min tokens, so it could not have been the scan's answer */
-    for (int64_t e = ix->head[(uint32_t)(gram_hash(hist, n_hist, n_min) & ix->mask)]; e >= 0; e = ix->prev[e])
-        if (e <= n_hist - 1 && judge(hist, n_hist, e, n_max, &b)) /* (a later end: a longer history's) */
-            break;
-    return proposal(hist, n_hist, &b, max_draft, out);
+    const int32_t top = n_max < ix->n_top ? n_max : ix->n_top;
+    for (int32_t L = top; L >= n_min; L--) {
+        if (n_hist - 1 < L) continue; /* no end in [L, n_hist - 1] */
+        const int32_t i = L - n_min;
+        best b = {-1, L - 1};
+        /* the scan's judgement on the chain's ends, latest first; an end off the chain matches fewer
+         * than L tokens. At the top every end is judged (unless one reaches n_max); below it no end
+         * matches more than L (the chain above had none), so the first that matches L is the answer */
+        for (int64_t e = ix->head[i][(uint32_t)(gram_hash(hist, n_hist, L) & ix->mask)]; e >= 0; e = ix->prev[i][e])
+            if (e <= n_hist - 1 && (judge(hist, n_hist, e, n_max, &b) || (L < top && b.e >= 0)))
+                break; /* (an end past n_hist - 1: a longer history's) */
+        if (b.e >= 0) return proposal(hist, n_hist, &b, max_draft, out);
+    }
+    return 0;
 }
 
 /* The window's logic is the kernels' reference (kd_accept_window, which backends reproduce

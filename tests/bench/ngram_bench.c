@@ -71,7 +71,7 @@ static int run_point(const double *cdf, int64_t P, int repeated, point *pt) {
             memcpy(h + P - len, h + from, (size_t)len * sizeof *h);
         }
         for (int64_t i = P; i < cap; i++) h[i] = zipf(cdf); /* the steps' new tokens */
-        if (kd_ngram_index_init(&ix[r], cap, 1)) return fprintf(stderr, "out of memory\n"), -1;
+        if (kd_ngram_index_init(&ix[r], cap, 1, 3)) return fprintf(stderr, "out of memory\n"), -1;
         int32_t o[3];
         kd_ngram_index_propose(&ix[r], h, P, 3, 3, o); /* the prompt chained, as at a request's first step */
     }
