@@ -5,7 +5,10 @@
 # pk/bin and pk/lib in one xz tarball.
 #   tests/cuda/pack.sh OUT.tar.xz [BINARY ...]
 # Without binaries: kda_check, cuda_test, cuda_bench, gemm_bench, gemm_lt_bench, kdecode and kdctl from
-# bazel-bin (build them first). KD_PACK_ORACLE=DIR: that folder (the oracle checkpoints, tiny/ and small/) as
+# bazel-bin (build them first). A pack of several binaries (and the oracle) fits a device call's size limit when
+# they are built with SASS only, in an output base of their own (kernels/cuda.bzl; the default build's outputs
+# stay): bazel --output_base=DIR build --define=cuda_slim=1 TARGETS, then pass DIR's bazel-bin paths here (five
+# binaries and the oracle: 20 MB, where kda_check and cuda_bench alone took 15 MB with their PTX). KD_PACK_ORACLE=DIR: that folder (the oracle checkpoints, tiny/ and small/) as
 # pk/oracle too, for cuda_test on a machine without the checkout's ../shared. On the GPU machine:
 #   tar -C DIR -xJf OUT.tar.xz
 #   LD_LIBRARY_PATH=DIR/pk/lib:/usr/local/cuda/lib64 tests/cuda/run_device.sh DIR/pk/bin RESULTS [DIR/pk/oracle]
