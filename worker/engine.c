@@ -270,8 +270,8 @@ static kd_submit_status make_request(kd_engine *e, const kd_request_params *p, r
     r->ngram_min = p->ngram_min ? p->ngram_min : e->cfg.ngram_min;
     r->ngram_max = p->ngram_max ? p->ngram_max : e->cfg.ngram_max;
     if (r->ngram_max < r->ngram_min) r->ngram_max = r->ngram_min;
-    /* the proposer's index of the history: a step's lookup walks the matches of the last
-     * ngram_min tokens instead of scanning the whole history (tests/bench/results/ngram_cpu.md) */
+    /* the proposer's index of the history: a step's lookup walks the matches of the suffix's n-grams,
+     * longest first, instead of scanning the whole history (spec.h; tests/bench/results/ngram_cpu.md) */
     if (r->draft == KD_DRAFT_NGRAM && kd_ngram_index_init(&r->ngram, r->cap, r->ngram_min, r->ngram_max)) {
         const long long cap = (long long)r->cap;
         req_free(r);
