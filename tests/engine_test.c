@@ -334,6 +334,7 @@ static void workload_case(kd_commit_mode mode, int use_cache, int pad, uint64_t 
     cfg.max_seqs = 6, cfg.max_spec = 7, cfg.commit = mode, cfg.max_queue = NJOBS;
     cfg.max_batch_tokens = 6 * 8 + 1 + (int64_t)(kd_test_rng_u64(&rng) % 40);
     cfg.pad_rows = pad;
+    cfg.draft_min_accept = (const double[]){0, 0.5, 2}[kd_test_rng_u64(&rng) % 3]; /* the draft gate */
     if (use_cache) cfg.prefix_block = 32, cfg.prefix_cache_bytes = (size_t)64 << 20;
     collector *c = collector_new();
     kd_backend *be;
@@ -834,6 +835,125 @@ END_TEST
 
 /* ----------------------------------------------------------------- API misuse */
 
+/* ------------------------------------------------------------------------ the draft gate */
+
+/* One request (id 0, greedy unless temp > 0) with oracle drafts of s = 3, alone or beside
+ * n_others requests; its outcome in o, the engine's counters in st. */
+static void gate_run(kd_model *m, double min_accept, const int32_t *prompt, int32_t n_prompt, const int32_t *oracle,
+                     int32_t gen, double corrupt, double temp, int n_others, outcome *o, kd_engine_stats *st) {
+    kd_engine_config cfg;
+    kd_engine_config_defaults(&cfg);
+    cfg.max_seqs = 1 + n_others, cfg.max_spec = 3, cfg.draft_min_accept = min_accept;
+    cfg.max_batch_tokens = (int64_t)cfg.max_seqs * 4 + 1 + 40;
+    collector *c = collector_new();
+    kd_backend *be;
+    kd_engine *e = engine_open(m, &cfg, c, &be);
+    kd_err err;
+    kd_request_params p = greedy_params(0, prompt, n_prompt, gen);
+    p.spec_tokens = 3, p.draft = KD_DRAFT_ORACLE, p.oracle = oracle, p.n_oracle = gen, p.oracle_corrupt = corrupt;
+    p.sampling.temperature = temp, p.sampling.seed = 7;
+    ck_assert_msg(kd_engine_submit(e, &p, &err) == KD_SUBMIT_OK, "%s", err.msg);
+    int32_t other[16];
+    for (int k = 1; k <= n_others; k++) { /* other prompts, other drafters, sampled or not */
+        for (int i = 0; i < 16; i++) other[i] = (int32_t)((prompt[i] * 7 + 31 * k + i) % m->config.vocab);
+        kd_request_params q = greedy_params((uint64_t)k, other, 16 + k, gen - 5 * k);
+        q.spec_tokens = k % 4, q.draft = k % 2 ? KD_DRAFT_NGRAM : KD_DRAFT_ORACLE;
+        q.oracle = oracle, q.n_oracle = gen - 5 * k, q.oracle_corrupt = 0.5;
+        q.sampling.temperature = k % 2 ? 0 : 1;
+        ck_assert_msg(kd_engine_submit(e, &q, &err) == KD_SUBMIT_OK, "%s", err.msg);
+    }
+    run_to_end(e);
+    ck_assert_int_eq(c->errors, 0);
+    ck_assert_int_eq(c->o[0].finishes, 1);
+    ck_assert_int_eq(c->o[0].n, gen);
+    *o = c->o[0];
+    kd_engine_stats_get(e, st);
+    kd_engine_free(e);
+    kd_backend_free(be);
+    collector_free(c);
+}
+
+START_TEST(test_draft_gate) {
+    kd_model *m = oracle_model("tiny");
+    const int32_t V = m->config.vocab;
+    kd_test_rng rng;
+    kd_test_rng_init(&rng, kd_test_seed() ^ 0x6a7e);
+    enum { GEN = 64, NP = 24, LATE = 24 };
+    int32_t prompt[NP], expect[GEN], late[GEN];
+    for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(kd_test_rng_u64(&rng) % (uint64_t)V);
+    refbe ref;
+    ref_open(&ref, m, 1, 0);
+    ref_greedy(&ref, prompt, NP, GEN, expect);
+    ref_close(&ref);
+    /* drafts wrong for the first LATE tokens, right afterwards */
+    for (int i = 0; i < GEN; i++) late[i] = i < LATE ? (expect[i] + 1) % V : expect[i];
+    outcome o;
+    kd_engine_stats st;
+
+    /* every draft wrong: verified until the share of accepted drafts, starting at 1 and moving
+     * half way to each step's share (here 0), predicts fewer than 0.5 of 3, then held */
+    int drafting_steps = 0;
+    for (double share = 1; share * 3 >= 0.5; share *= 0.5) drafting_steps++;
+    gate_run(m, 0.5, prompt, NP, expect, GEN, 1.0, 0, 0, &o, &st);
+    for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
+    ck_assert_int_eq(st.drafted, 3 * drafting_steps);
+    ck_assert_int_eq(st.accepted, 0);
+    ck_assert_int_gt(st.held, 3 * (GEN - 2 * drafting_steps));
+    ck_assert_int_eq(st.steps, 1 + GEN); /* the prompt's step, then a token a step */
+    /* gate off: every step drafts */
+    gate_run(m, 0, prompt, NP, expect, GEN, 1.0, 0, 0, &o, &st);
+    for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
+    ck_assert_int_eq(st.held, 0);
+    ck_assert_int_ge(st.drafted, 3 * (GEN - 3));
+    /* every draft right: never held */
+    gate_run(m, 0.5, prompt, NP, expect, GEN, 0.0, 0, 0, &o, &st);
+    for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
+    ck_assert_int_eq(st.held, 0);
+    ck_assert_int_eq(st.accepted, st.drafted);
+    ck_assert_int_le(st.steps, 1 + GEN / 4 + 1);
+    /* wrong, then right: held while wrong, judged while held, verified again once right */
+    gate_run(m, 0.5, prompt, NP, late, GEN, 0.0, 0, 0, &o, &st);
+    for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
+    ck_assert_int_gt(st.held, 0);
+    ck_assert_msg(st.accepted >= (GEN - LATE) / 2, "accepted %lld of the last %d tokens' drafts",
+                  (long long)st.accepted, GEN - LATE);
+    ck_assert_int_lt(st.steps, GEN - (GEN - LATE) / 3);
+    /* a high bar holds drafts that are right a third of the time; the held ones still learn */
+    gate_run(m, 2.5, prompt, NP, expect, GEN, 0.6, 0, 0, &o, &st);
+    for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
+    ck_assert_int_gt(st.held, 0);
+
+    /* a seeded sampled request's tokens do not depend on the requests beside it (the gate reads
+     * its own tokens only), with the gate flipping on its own drafts */
+    outcome alone, beside;
+    kd_engine_stats st2;
+    gate_run(m, 1.0, prompt, NP, expect, GEN, 0.3, 0.7, 0, &alone, &st);
+    gate_run(m, 1.0, prompt, NP, expect, GEN, 0.3, 0.7, 3, &beside, &st2);
+    ck_assert_int_gt(st.drafted, 0);
+    ck_assert_int_gt(st.held, 0);
+    for (int i = 0; i < GEN; i++)
+        ck_assert_msg(alone.toks[i] == beside.toks[i], "token %d: %d alone, %d beside others", i, alone.toks[i],
+                      beside.toks[i]);
+    ck_assert_int_eq(alone.usage.drafted, beside.usage.drafted);
+    ck_assert_int_eq(alone.usage.accepted, beside.usage.accepted);
+
+    /* out-of-range thresholds are refused */
+    kd_err err;
+    kd_backend *be = kd_cpu_backend_create(0, &err);
+    kd_backend_load(be, &m->config, &m->tensors, &err);
+    const double bad[] = {-0.1, 32.5, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        kd_engine_config cfg;
+        kd_engine_config_defaults(&cfg);
+        cfg.draft_min_accept = bad[i];
+        ck_assert(kd_engine_create(be, 0, &cfg, NULL, NULL, &err) == NULL);
+        ck_assert(strstr(err.msg, "draft_min_accept") != NULL);
+    }
+    kd_backend_free(be);
+    kd_model_close(m);
+}
+END_TEST
+
 START_TEST(test_submit_errors) {
     kd_model *m = oracle_model("tiny");
     kd_engine_config cfg;
@@ -907,6 +1027,7 @@ int main(void) {
     tcase_add_test(tc, test_caller_drafts);
     tcase_add_test(tc, test_handoff);
     tcase_add_test(tc, test_finish_no_flush);
+    tcase_add_test(tc, test_draft_gate);
     suite_add_tcase(s, tc);
     return kd_test_run_suite(s);
 }

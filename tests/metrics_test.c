@@ -45,6 +45,7 @@ static const struct {
     {KD_C_GENERATED_TOKENS, "kdecode_generation_tokens_total", ""},
     {KD_C_DRAFTED_TOKENS, "kdecode_spec_draft_tokens_total", ""},
     {KD_C_ACCEPTED_TOKENS, "kdecode_spec_accepted_tokens_total", ""},
+    {KD_C_HELD_TOKENS, "kdecode_spec_held_tokens_total", ""},
     {KD_C_STEPS, "kdecode_steps_total", ""},
     {KD_C_PREFIX_QUERIES, "kdecode_prefix_cache_queries_total", ""},
     {KD_C_PREFIX_HITS, "kdecode_prefix_cache_hits_total", ""},
@@ -371,8 +372,8 @@ static void check_families(const expo *e) {
     ck_assert_ptr_nonnull(f);
     ck_assert_str_eq(f->type, "gauge");
     ck_assert_double_eq(value_of(e, "kdecode_build_info", "version=\"0.1.0\""), 1.0);
-    /* nothing else: build_info, 2 labelled + 14 plain counter families, gauges, histograms */
-    ck_assert_int_eq(e->nf, 1 + 16 + (int)NELEM(want_gauges) + (int)NELEM(want_hists));
+    /* nothing else: build_info, 2 labelled + 15 plain counter families, gauges, histograms */
+    ck_assert_int_eq(e->nf, 1 + 17 + (int)NELEM(want_gauges) + (int)NELEM(want_hists));
 }
 
 START_TEST(fresh_registry_is_zero) {

@@ -36,6 +36,12 @@ typedef struct req {
     int32_t *oracle, n_oracle;
     double corrupt;
     int32_t *caller_drafts, n_caller_drafts;
+    /* the draft gate (kd_engine_config.draft_min_accept): the recent share of this request's drafts
+     * that were (or, held back, would have been) accepted, and a held-back proposal being judged
+     * against the tokens that follow it */
+    double accept_share;
+    int32_t shadow[32], n_shadow; /* max_spec <= 31 */
+    int64_t shadow_at;            /* tokens[shadow_at] is where its first draft would have gone */
     kd_usage usage;
     void *export_state;
     double t_submit;
@@ -91,6 +97,7 @@ void kd_engine_config_defaults(kd_engine_config *c) {
     c->commit = KD_COMMIT_DEFERRED;
     c->ngram_min = 1;
     c->ngram_max = 3;
+    c->draft_min_accept = 0.5;
 }
 
 static int config_check(const kd_engine_config *c, kd_err *err) {
@@ -112,6 +119,8 @@ static int config_check(const kd_engine_config *c, kd_err *err) {
                        c->prefix_block, 4 * (c->max_spec + 1), c->max_spec);
     if (c->ngram_min < 1 || c->ngram_max < c->ngram_min || c->ngram_max > 64)
         return kd_fail(err, "engine: ngram sizes [%d, %d] invalid", c->ngram_min, c->ngram_max);
+    if (!(c->draft_min_accept >= 0 && c->draft_min_accept <= 32))
+        return kd_fail(err, "engine: draft_min_accept %g must be in [0, 32]", c->draft_min_accept);
     if (c->pad_rows < 0 || c->pad_rows > 256)
         return kd_fail(err, "engine: pad_rows %d out of range", c->pad_rows);
     return 0;
@@ -284,6 +293,7 @@ static kd_submit_status make_request(kd_engine *e, const kd_request_params *p, r
     r->corrupt = p->oracle_corrupt;
     r->usage.prompt_tokens = p->n_prompt;
     r->export_state = p->export_state;
+    r->accept_share = 1; /* a new request drafts until its drafts prove poor */
     r->t_submit = mono_s();
     *out = r;
     return KD_SUBMIT_OK;
@@ -504,6 +514,38 @@ static int32_t propose(kd_engine *e, req *r, int32_t *out) {
     }
 }
 
+/* The draft gate. A drafter the worker runs itself (n-gram, oracle) proposes every step, but its
+ * drafts are verified only while the request's recent acceptance predicts at least
+ * draft_min_accept accepted tokens for them (accept_share x their number); drafts that would not
+ * pay for their verify window's cost to the step (every row of a step runs at its longest window
+ * on the GPU) are held back. A held-back proposal is judged against the tokens the request then
+ * generates, the drafts it would have had accepted (greedy: the same; sampling: a draft equal to
+ * the token drawn has the chance of acceptance, the target probability), so acceptance is
+ * learned while drafts are held and they come back when the text turns repetitive. The decision
+ * depends on the request's own tokens only: its tokens, and a seeded request's samples, do not
+ * depend on the other requests of the batch or on timing. Caller drafts are always verified. */
+#define GATE_RATE 0.5 /* weight of the newest outcome in accept_share */
+
+static void gate_learn(req *r, int32_t accepted, int32_t drafted) {
+    r->accept_share += GATE_RATE * ((double)accepted / drafted - r->accept_share);
+}
+
+static int gate_holds(const kd_engine *e, const req *r, int32_t n) {
+    return e->cfg.draft_min_accept > 0 && (r->draft == KD_DRAFT_NGRAM || r->draft == KD_DRAFT_ORACLE) &&
+           r->accept_share * n < e->cfg.draft_min_accept;
+}
+
+/* A held-back proposal against the tokens generated since: judged once it is wrong or whole. */
+static void gate_judge(req *r) {
+    if (!r->n_shadow) return;
+    const int64_t have = r->n_tokens - r->shadow_at;
+    int32_t m = 0;
+    while (m < r->n_shadow && m < have && r->tokens[r->shadow_at + m] == r->shadow[m]) m++;
+    if (m < r->n_shadow && m == have) return; /* right so far: more tokens to come */
+    gate_learn(r, m, r->n_shadow);
+    r->n_shadow = 0;
+}
+
 /* Appends up to n new tokens, stopping after a stop token or at max_tokens. Returns how
  * many were appended; *why says whether the request is done. */
 static int32_t append(kd_engine *e, req *r, const int32_t *toks, int32_t n, kd_finish *why) {
@@ -544,7 +586,16 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         /* the window may differ in length from the last one: the fold reads the last window's
          * records by position (kd_batch_row.fold: 0..its length), so a change of T is not a
          * flush trigger here (KDA.md lists it for layouts whose records follow the window's T) */
-        const int32_t window = 1 + propose(e, r, win + 1);
+        int32_t nd = propose(e, r, win + 1);
+        if (nd > 0 && gate_holds(e, r, nd)) {
+            if (!r->n_shadow) {
+                memcpy(r->shadow, win + 1, (size_t)nd * sizeof *win);
+                r->n_shadow = nd, r->shadow_at = r->n_tokens;
+            }
+            e->st.held += nd;
+            nd = 0;
+        }
+        const int32_t window = 1 + nd;
         e->rows[nrows] = (kd_batch_row){.slot = r->slot, .n_tokens = window, .logits = KD_LOGITS_ALL,
                                         .kind = KD_ROW_VERIFY, .fold = (int32_t)r->pending};
         /* sampling on the backend: the request's parameters and, when it samples, the next
@@ -622,6 +673,8 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
         e->st.accepted += a;
         kd_finish why;
         const int32_t k = append(e, r, emit, 1 + a, &why);
+        if (window > 1) gate_learn(r, a, window - 1);
+        gate_judge(r);
         /* x0 and the accepted drafts enter the state; if a stop token cut the window short,
          * only those that are part of the request's tokens (a snapshot key must be real) */
         const int64_t n = 1 + (k < a ? k : a);
@@ -645,6 +698,12 @@ int kd_engine_step(kd_engine *e, kd_err *err) {
 fail:
     fail_all(e);
     return -1;
+}
+
+int kd_engine_set_draft_min_accept(kd_engine *e, double min_accept) {
+    if (!(min_accept >= 0 && min_accept <= 32)) return -1;
+    e->cfg.draft_min_accept = min_accept;
+    return 0;
 }
 
 int kd_engine_has_work(const kd_engine *e) {

@@ -39,6 +39,9 @@ typedef struct kd_engine_config {
     int32_t prefix_block;       /* 0: no prefix cache; else >= 4 * (max_spec + 1) */
     size_t prefix_cache_bytes;
     int32_t ngram_min, ngram_max; /* defaults for requests that leave them 0 */
+    double draft_min_accept;    /* the n-gram and oracle drafters' drafts are verified only while
+                                 * the request's recent acceptance predicts at least this many
+                                 * accepted tokens a step (engine.c, the draft gate); 0: always */
     int32_t pad_rows;           /* pad each batch with scratch-row windows up to a multiple of
                                  * this (as a captured CUDA graph would); 0 or 1: none */
 } kd_engine_config;
@@ -78,7 +81,7 @@ const char *kd_finish_name(kd_finish f);
 typedef struct kd_usage {
     int64_t prompt_tokens, completion_tokens;
     int64_t cached_tokens;      /* prompt tokens restored from the prefix cache */
-    int64_t drafted, accepted;  /* draft tokens proposed / accepted */
+    int64_t drafted, accepted;  /* draft tokens verified / accepted (held-back ones not counted) */
     int64_t steps;              /* decode steps (verify windows) */
     double queue_seconds;       /* from submit to a slot */
 } kd_usage;
@@ -107,6 +110,7 @@ typedef enum kd_submit_status {
 typedef struct kd_engine_stats {
     int32_t slots_total, slots_used, waiting;
     int64_t steps, tokens_generated, drafted, accepted;
+    int64_t held;               /* draft tokens proposed but held back by the draft gate */
     int64_t prefill_tokens, cached_tokens;
     int64_t folds, eager_commits, flushes, boundary_snapshots, missed_boundaries;
     kd_prefix_stats prefix;
@@ -128,6 +132,9 @@ int kd_engine_set_drafts(kd_engine *e, uint64_t id, const int32_t *drafts, int32
  * backend failure (every running request then finishes with KD_FINISH_ERROR). */
 int kd_engine_step(kd_engine *e, kd_err *err);
 int kd_engine_has_work(const kd_engine *e);
+/* kd_engine_config.draft_min_accept from the next step on (benchmarks compare the gate on and off
+ * on one engine); 0, or -1 if outside [0, 32]. */
+int kd_engine_set_draft_min_accept(kd_engine *e, double min_accept);
 
 /* Disaggregation (a state computed by a prefill worker). A reserved slot belongs to no
  * request until claimed; admission skips it. The slot is reset (its state zero, in the backend's

@@ -57,8 +57,11 @@ static const counter_desc counter_descs[] = {
     {"kdecode_requests_rejected_total", NULL, "draining"},
     {"kdecode_prompt_tokens_total", "Prompt tokens received.", NULL},
     {"kdecode_generation_tokens_total", "Tokens generated.", NULL},
-    {"kdecode_spec_draft_tokens_total", "Speculative draft tokens proposed.", NULL},
+    {"kdecode_spec_draft_tokens_total", "Speculative draft tokens verified.", NULL},
     {"kdecode_spec_accepted_tokens_total", "Speculative draft tokens accepted.", NULL},
+    {"kdecode_spec_held_tokens_total",
+     "Draft tokens proposed but not verified: the request's recent drafts were accepted too rarely "
+     "(--draft-min-accept).", NULL},
     {"kdecode_steps_total", "Engine steps run.", NULL},
     {"kdecode_prefix_cache_queries_total", "Prefix cache lookups.", NULL},
     {"kdecode_prefix_cache_hits_total", "Prefix cache lookups that found a prefix.", NULL},

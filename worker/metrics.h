@@ -32,6 +32,7 @@ typedef enum kd_metric_counter {
     KD_C_GENERATED_TOKENS,             /* kdecode_generation_tokens_total */
     KD_C_DRAFTED_TOKENS,               /* kdecode_spec_draft_tokens_total */
     KD_C_ACCEPTED_TOKENS,              /* kdecode_spec_accepted_tokens_total */
+    KD_C_HELD_TOKENS,                  /* kdecode_spec_held_tokens_total */
     KD_C_STEPS,                        /* kdecode_steps_total */
     KD_C_PREFIX_QUERIES,               /* kdecode_prefix_cache_queries_total */
     KD_C_PREFIX_HITS,                  /* kdecode_prefix_cache_hits_total */

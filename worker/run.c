@@ -81,11 +81,13 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kdecode run --model DIR --prompt-ids 1,2,3 --max-tokens N [flags]\n"
             "Generates on the CPU backend and prints one JSON line:\n"
-            "  {\"tokens\":[...],\"finish\":...,\"steps\":...,\"drafted\":...,\"accepted\":...,\n"
+            "  {\"tokens\":[...],\"finish\":...,\"steps\":...,\"drafted\":...,\"accepted\":...,\"held\":...,\n"
             "   \"prefix_hit_tokens\":...}  (with --batch B > 1 also \"batch\":[[...],...])\n"
             "sampling:    --temperature T (0: greedy) --top-k K --top-p P --seed S\n"
             "speculation: --spec-tokens S (0..31) --draft none|ngram|oracle [--draft-corrupt P]\n"
             "             (oracle: the greedy continuation, computed first; for tests)\n"
+            "             --draft-min-accept A (drafts verified while they are expected to\n"
+            "             earn A accepted tokens a step; default 0.5, 0: always)\n"
             "state:       --commit deferred|eager|store-all\n"
             "             --prefix-block N [--prefix-cache-bytes B] (align-mode prefix cache)\n"
             "batching:    --batch B (B copies of the prompt, seeds S..S+B-1)\n"
@@ -168,7 +170,7 @@ done:
 int kd_run_main(int argc, char **argv) {
     enum { O_MODEL = 1, O_PROMPT, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP, O_CHUNK,
            O_IGNORE_EOS, O_F64, O_SPEC, O_DRAFT, O_CORRUPT, O_COMMIT, O_BLOCK, O_CACHE, O_BATCH,
-           O_BACKEND, O_ACT, O_HELP };
+           O_BACKEND, O_ACT, O_MINACC, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
         {"max-tokens", required_argument, 0, O_MAX},    {"temperature", required_argument, 0, O_TEMP},
@@ -180,11 +182,12 @@ int kd_run_main(int argc, char **argv) {
         {"commit", required_argument, 0, O_COMMIT},     {"prefix-block", required_argument, 0, O_BLOCK},
         {"prefix-cache-bytes", required_argument, 0, O_CACHE}, {"batch", required_argument, 0, O_BATCH},
         {"backend", required_argument, 0, O_BACKEND},   {"activations", required_argument, 0, O_ACT},
+        {"draft-min-accept", required_argument, 0, O_MINACC},
         {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = NULL, *dump = NULL;
     long long max_tokens = -1, chunk = 512, spec = 0, block = 0, batch = 1, v;
     unsigned long long cache_bytes = 256ull << 20, u;
-    double corrupt = 0;
+    double corrupt = 0, min_accept = -1;
     kd_sampling samp = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
     kd_draft_source draft = KD_DRAFT_NGRAM;
     kd_commit_mode commit = KD_COMMIT_DEFERRED;
@@ -208,6 +211,7 @@ int kd_run_main(int argc, char **argv) {
         case O_SPEC: bad = kd_parse_i64(optarg, 0, 31, &spec); break;
         case O_DRAFT: bad = kd_draft_source_parse(optarg, &draft) || draft == KD_DRAFT_CALLER; draft_set = 1; break;
         case O_CORRUPT: bad = kd_parse_f64(optarg, 0, 1, &corrupt); break;
+        case O_MINACC: bad = kd_parse_f64(optarg, 0, 32, &min_accept); break;
         case O_COMMIT: bad = kd_commit_mode_parse(optarg, &commit); break;
         case O_BLOCK: bad = kd_parse_i64(optarg, 1, 1 << 20, &block); break;
         case O_CACHE: bad = kd_parse_u64(optarg, &cache_bytes); break;
@@ -269,6 +273,7 @@ int kd_run_main(int argc, char **argv) {
         cfg.max_batch_tokens = chunk + batch * (1 + spec) + 1;
         cfg.prefix_block = (int32_t)block;
         cfg.prefix_cache_bytes = (size_t)cache_bytes;
+        if (min_accept >= 0) cfg.draft_min_accept = min_accept;
         kd_request_params p = {.prompt = ids, .n_prompt = n_prompt, .max_tokens = (int32_t)max_tokens,
                                .sampling = samp, .spec_tokens = (int32_t)spec, .draft = draft,
                                .eos_id = ignore_eos ? -1 : m->eos_token_id};
@@ -306,9 +311,10 @@ int kd_run_main(int argc, char **argv) {
     }
     printf("{\"tokens\":[");
     for (int32_t i = 0; out.n && i < out.n[0]; i++) printf("%s%d", i ? "," : "", out.toks[i]);
-    printf("],\"finish\":\"%s\",\"steps\":%lld,\"drafted\":%lld,\"accepted\":%lld,\"prefix_hit_tokens\":%lld",
+    printf("],\"finish\":\"%s\",\"steps\":%lld,\"drafted\":%lld,\"accepted\":%lld,\"held\":%lld,"
+           "\"prefix_hit_tokens\":%lld",
            out.fin ? kd_finish_name(out.fin[0]) : "length", (long long)st.steps, (long long)st.drafted,
-           (long long)st.accepted, (long long)st.cached_tokens);
+           (long long)st.accepted, (long long)st.held, (long long)st.cached_tokens);
     if (batch > 1 && out.n) {
         printf(",\"batch\":[");
         for (long long b = 0; b < batch; b++) {

@@ -150,6 +150,8 @@ static void usage(FILE *f) {
             "  --max-model-len N        prompt + generated tokens (default 8192)\n"
             "  --spec-tokens S          default draft tokens per step (default 3)\n"
             "  --max-spec-tokens S      largest s a request may ask for (default 7)\n"
+            "  --draft-min-accept A     n-gram drafts are verified while the request's recent ones\n"
+            "                           predict A accepted tokens a step (default 0.5; 0: always)\n"
             "  --commit deferred|eager|store-all   (default deferred)\n"
             "  --prefix-block N         prefix cache block (0: off; default 0)\n"
             "  --prefix-cache-bytes B   prefix cache budget (default 256 MiB)\n"
@@ -166,7 +168,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     enum { O_LISTEN = 1, O_MODEL, O_METRICS, O_ROLE, O_BACKEND, O_SEQS, O_QUEUE, O_BATCH, O_LEN, O_SPEC,
            O_MAXSPEC, O_COMMIT, O_BLOCK, O_CACHE, O_DRAIN, O_CQ, O_MSG, O_PUSH, O_CERT, O_KEY, O_CA,
            O_JSON, O_LEASE, O_PEERCA, O_DELAY, O_ACT, O_XPORT, O_NLINKS, O_NIDLE, O_NCONN, O_READY, O_WBUDGET,
-           O_WARM, O_HELP };
+           O_WARM, O_MINACC, O_HELP };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN}, {"model", required_argument, 0, O_MODEL},
         {"metrics-listen", required_argument, 0, O_METRICS}, {"role", required_argument, 0, O_ROLE},
@@ -185,6 +187,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         {"nccl-idle-seconds", required_argument, 0, O_NIDLE}, {"nccl-connect-seconds", required_argument, 0, O_NCONN},
         {"handoff-ready-slots", required_argument, 0, O_READY},
         {"handoff-write-budget", required_argument, 0, O_WBUDGET}, {"warm-graphs", required_argument, 0, O_WARM},
+        {"draft-min-accept", required_argument, 0, O_MINACC},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     kd_engine_config_defaults(&o->eng);
@@ -215,6 +218,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         case O_READY: bad = kd_parse_i64(optarg, 0, kHandoffPool, &v); o->handoff_ready_slots = (int32_t)v; break;
         case O_WBUDGET: bad = kd_parse_i64(optarg, 0, 1ll << 40, &v); o->handoff_write_budget = (int64_t)v; break;
         case O_WARM: bad = kd_parse_i64(optarg, 0, 96, &v); o->warm_graphs = (int32_t)v; break;
+        case O_MINACC: bad = kd_parse_f64(optarg, 0, 32, &o->eng.draft_min_accept); break;
         case O_PEERCA: o->peer_tls_ca = optarg; break;
         case O_DELAY: bad = kd_parse_i64(optarg, 0, 60000, &v); o->debug_handoff_delay_ms = (int32_t)v; break;
         case O_XPORT:
@@ -1241,6 +1245,7 @@ static void publish(const kd_engine_stats *prev, const kd_engine_stats *st) {
     kd_metrics_add(m, KD_C_STEPS, (uint64_t)(st->steps - prev->steps));
     kd_metrics_add(m, KD_C_DRAFTED_TOKENS, (uint64_t)(st->drafted - prev->drafted));
     kd_metrics_add(m, KD_C_ACCEPTED_TOKENS, (uint64_t)(st->accepted - prev->accepted));
+    kd_metrics_add(m, KD_C_HELD_TOKENS, (uint64_t)(st->held - prev->held));
     kd_metrics_add(m, KD_C_PREFIX_QUERIES, st->prefix.queries - prev->prefix.queries);
     kd_metrics_add(m, KD_C_PREFIX_HITS, st->prefix.hits - prev->prefix.hits);
     kd_metrics_add(m, KD_C_PREFIX_HIT_TOKENS, st->prefix.hit_tokens - prev->prefix.hit_tokens);

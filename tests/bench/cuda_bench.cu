@@ -914,8 +914,8 @@ int main(int argc, char **argv) {
     // (3) end to end (before any step that uses a second stream)
     std::string e2e_json;
     std::string md2 = "| requests | drafts | prompt | new tokens | total s | tokens/s (all) | decode s | tokens/s (decode) | "
-                      "steps | slowest decode step ms | graphs captured | accepted/drafted |\n"
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+                      "steps | slowest decode step ms | graphs captured | accepted/drafted | held |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     const int PROMPT = 128, GEN = 128;
     std::vector<int32_t> prompt(PROMPT), pat(16);
     g_rng = 0x2545f4914f6cdd1dull; /* the prompts whatever was timed before (runs of two commits compare) */
@@ -937,8 +937,14 @@ int main(int argc, char **argv) {
     }
     for (int pass = 0; pass < e2e_passes; pass++)
         for (int nreq : {32, 128})
-            for (int mode = 0; mode < 3; mode++) {
+            for (int mode = 0; mode < 4; mode++) {
+                /* none; n-gram drafts with the draft gate (the worker's default) and without; the
+                 * oracle's (the no-draft run's continuation) without */
+                static const char *const dname[] = {"none", "ngram", "ngram-ungated", "oracle"};
+                static const char *const dlabel[] = {"none", "n-gram, s = 3", "n-gram, s = 3, no gate",
+                                                     "oracle, s = 3, no gate"};
                 const int s = mode ? 3 : 0;
+                kd_engine_set_draft_min_accept(e, mode == 1 ? cfg.draft_min_accept : 0);
                 kd_engine_stats st0;
                 kd_engine_stats_get(e, &st0);
                 sink = Sink();
@@ -948,8 +954,8 @@ int main(int argc, char **argv) {
                     memset(&p, 0, sizeof p);
                     p.id = id++, p.prompt = prompt.data(), p.n_prompt = PROMPT, p.max_tokens = GEN;
                     p.sampling.top_p = 1, p.spec_tokens = s, p.eos_id = -1;
-                    p.draft = mode == 0 ? KD_DRAFT_NONE : mode == 1 ? KD_DRAFT_NGRAM : KD_DRAFT_ORACLE;
-                    if (mode == 2) p.oracle = cont[(size_t)q].data(), p.n_oracle = (int32_t)cont[(size_t)q].size();
+                    p.draft = mode == 0 ? KD_DRAFT_NONE : mode <= 2 ? KD_DRAFT_NGRAM : KD_DRAFT_ORACLE;
+                    if (mode == 3) p.oracle = cont[(size_t)q].data(), p.n_oracle = (int32_t)cont[(size_t)q].size();
                     if (kd_engine_submit(e, &p, &err) != KD_SUBMIT_OK) return printf("submit: %s\n", err.msg), 1;
                 }
                 int64_t cap0 = 0, rep0 = 0, cap1 = 0, rep1 = 0;
@@ -978,14 +984,15 @@ int main(int argc, char **argv) {
                 const int64_t gen = st1.tokens_generated - st0.tokens_generated, steps = st1.steps - st0.steps;
                 if (mode == 0) // the continuations, for the oracle drafter
                     for (int q = 0; q < nreq; q++) cont[(size_t)q] = sink.toks[id - (uint64_t)nreq + (uint64_t)q];
-                const int64_t dr = st1.drafted - st0.drafted, ac = st1.accepted - st0.accepted;
+                const int64_t dr = st1.drafted - st0.drafted, ac = st1.accepted - st0.accepted,
+                              held = st1.held - st0.held;
                 const double dec_tok = (double)(sink.tokens - tok_dec), dec_s = tend - tdec;
                 kd_cuda_graph_stats(be, &cap1, &rep1);
                 printf("end to end: %d requests, s=%d %s: %lld tokens in %.2f s: %.0f tokens/s; decode phase %.0f "
                        "tokens/s; "
                        "%lld steps (slowest decode step %.2f ms); accepted %lld of %lld drafts; graphs captured "
                        "%lld, replays %lld\n",
-                       nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", (long long)gen, tend - ts,
+                       nreq, s, dname[mode], (long long)gen, tend - ts,
                        gen / (tend - ts), dec_tok / dec_s, (long long)steps, slowest * 1e3, (long long)ac,
                        (long long)dr,
                        (long long)(cap1 - cap0), (long long)(rep1 - rep0));
@@ -997,12 +1004,12 @@ int main(int argc, char **argv) {
                     const double med = v[v.size() / 2];
                     printf("end to end: %d requests, s=%d %s: decode phase %zu steps: median %.3f ms, p10 %.3f, p90 "
                            "%.3f, max %.3f; steps %.3f s of the phase's %.3f s; over the median %.3f s\n",
-                           nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", v.size(), med * 1e3,
+                           nreq, s, dname[mode], v.size(), med * 1e3,
                            v[v.size() / 10] * 1e3, v[v.size() * 9 / 10] * 1e3, v.back() * 1e3, sum, dec_s,
                            sum - med * (double)v.size());
                     printf("end to end: %d requests, s=%d %s: decode phase: forward_sample %lld calls %.3f s (%.3f ms "
                            "each), commit %lld calls %.3f s, the rest of the steps %.3f s\n",
-                           nreq, s, mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", (long long)(g_fs_n - fsn0),
+                           nreq, s, dname[mode], (long long)(g_fs_n - fsn0),
                            g_fs_s - fs0, g_fs_n > fsn0 ? (g_fs_s - fs0) * 1e3 / (double)(g_fs_n - fsn0) : 0.0,
                            (long long)(g_commit_n - cmn0), g_commit_s - cm0, sum - (g_fs_s - fs0) - (g_commit_s - cm0));
                 }
@@ -1013,21 +1020,21 @@ int main(int argc, char **argv) {
                          "\"seconds\": %.3f, \"tokens_per_s\": %.1f, \"decode_seconds\": %.3f, "
                          "\"decode_tokens_per_s\": %.1f, "
                          "\"steps\": %lld, \"slowest_decode_step_ms\": %.3f, \"drafted\": %lld, \"accepted\": %lld, "
-                         "\"graphs_captured\": %lld}",
+                         "\"held\": %lld, \"graphs_captured\": %lld}",
                          e2e_first ? "" : ",\n", pass + 1, nreq, s,
-                         mode == 0 ? "none" : mode == 1 ? "ngram" : "oracle", PROMPT,
+                         dname[mode], PROMPT,
                          (long long)gen, tend - ts, gen / (tend - ts),
                          dec_s, dec_tok / dec_s, (long long)steps, slowest * 1e3, (long long)dr, (long long)ac,
-                         (long long)(cap1 - cap0));
+                         (long long)held, (long long)(cap1 - cap0));
                 e2e_json += buf;
                 e2e_first = false;
                 snprintf(buf, sizeof buf,
-                         "| %d | %s%s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %.2f | %lld | %lld/%lld |\n",
+                         "| %d | %s%s | %d | %lld | %.2f | %.0f | %.2f | %.0f | %lld | %.2f | %lld | %lld/%lld | %lld |\n",
                          nreq,
-                         mode == 0 ? "none" : mode == 1 ? "n-gram, s = 3" : "oracle, s = 3",
+                         dlabel[mode],
                          pass == 0 ? "" : pass == 1 ? " (pass 2)" : pass == 2 ? " (pass 3)" : " (pass 4)", PROMPT,
                          (long long)gen, tend - ts, gen / (tend - ts), dec_s, dec_tok / dec_s, (long long)steps,
-                         slowest * 1e3, (long long)(cap1 - cap0), (long long)ac, (long long)dr);
+                         slowest * 1e3, (long long)(cap1 - cap0), (long long)ac, (long long)dr, (long long)held);
                 md2 += buf;
             }
     if (e2e_only) {
@@ -1192,7 +1199,10 @@ int main(int argc, char **argv) {
                    "there: until 2026-12-03 it started once as many tokens as requests had come, inside the prefill "
                    "at 128 requests). Random weights: the n-gram "
                    "drafter is only accepted where the random model repeats its prompt; the oracle rows draft the "
-                   "greedy continuation of the no-speculation run (a drafter that is always right).\n",
+                   "greedy continuation of the no-speculation run (right until a step's bf16 rounding parts a "
+                   "request from it). \"n-gram\" runs with the draft gate, the worker's default (a request's "
+                   "drafts are verified while its recent ones predict 0.5 accepted tokens a step; held: drafts "
+                   "proposed and not verified), the \"no gate\" rows without it.\n",
                 PROMPT, GEN, md2.c_str());
         fprintf(f, "\nCUDA graphs captured %lld, replays %lld.\n", (long long)cap, (long long)rep);
         fclose(f);

@@ -2,7 +2,8 @@
  * the three commit modes: generated tokens/s, decode steps per generated token, acceptance.
  * The baseline measured in the same run is s = 0 in deferred mode at the same batch size;
  * every row prints its speed as a ratio to it. Drafts: the greedy continuation corrupted at
- * a fixed rate (so acceptance is the same for every mode). Also the memory of one slot per
+ * a fixed rate (so acceptance is the same for every mode), the draft gate off; then the draft
+ * gate on and off with drafts never and mostly accepted. Also the memory of one slot per
  * mode for a few model shapes (bytes, from the layout; nothing allocated).
  * usage: engine_bench OUT_PREFIX COMMIT COMMAND MODEL_DIR */
 #define _GNU_SOURCE
@@ -40,11 +41,11 @@ static void on_event(void *ctx, const kd_event *ev) {
 typedef struct result {
     int batch, spec;
     kd_commit_mode mode;
-    double tok_s, steps_per_tok, accept, seconds;
+    double tok_s, steps_per_tok, accept, seconds, held; /* held: draft tokens held back a generated token */
 } result;
 
-static int run_case(kd_model *m, int batch, int spec, kd_commit_mode mode, const int32_t oracle[][GEN],
-                    int32_t prompts[][PROMPT], sink *out, result *r) {
+static int run_case(kd_model *m, int batch, int spec, kd_commit_mode mode, double corrupt, double min_accept,
+                    const int32_t oracle[][GEN], int32_t prompts[][PROMPT], sink *out, result *r) {
     kd_err err;
     kd_backend *be = kd_cpu_backend_create(0, &err);
     if (!be || kd_backend_load(be, &m->config, &m->tensors, &err)) return fprintf(stderr, "%s\n", err.msg), -1;
@@ -52,6 +53,7 @@ static int run_case(kd_model *m, int batch, int spec, kd_commit_mode mode, const
     kd_engine_config_defaults(&cfg);
     cfg.max_seqs = batch, cfg.max_spec = spec, cfg.commit = mode, cfg.max_queue = 0;
     cfg.max_batch_tokens = (int64_t)batch * (PROMPT + 1 + spec) + 1;
+    cfg.draft_min_accept = min_accept;
     memset(out, 0, sizeof *out);
     kd_engine *e = kd_engine_create(be, m->fingerprint, &cfg, on_event, out, &err);
     if (!e) return fprintf(stderr, "%s\n", err.msg), -1;
@@ -59,7 +61,7 @@ static int run_case(kd_model *m, int batch, int spec, kd_commit_mode mode, const
         kd_request_params p = {.id = (uint64_t)i, .prompt = prompts[i], .n_prompt = PROMPT, .max_tokens = GEN,
                                .sampling = {.top_p = 1}, .spec_tokens = spec, .draft = KD_DRAFT_ORACLE,
                                .oracle = oracle ? oracle[i] : NULL, .n_oracle = oracle ? GEN : 0,
-                               .oracle_corrupt = 0.2, .eos_id = -1};
+                               .oracle_corrupt = corrupt, .eos_id = -1};
         if (kd_engine_submit(e, &p, &err) != KD_SUBMIT_OK) return fprintf(stderr, "%s\n", err.msg), -1;
     }
     kd_engine_step(e, &err); /* prefill: not timed */
@@ -73,6 +75,7 @@ static int run_case(kd_model *m, int batch, int spec, kd_commit_mode mode, const
     kd_engine_stats_get(e, &st);
     const double toks = (double)(st.tokens_generated - s0.tokens_generated);
     *r = (result){.batch = batch, .spec = spec, .mode = mode, .tok_s = toks / t, .seconds = t,
+                  .held = (double)(st.held - s0.held) / toks,
                   .steps_per_tok = (double)(st.steps - s0.steps) * batch / toks,
                   .accept = st.drafted ? (double)st.accepted / (double)st.drafted : 0};
     kd_engine_free(e);
@@ -92,7 +95,7 @@ int main(int argc, char **argv) {
         for (int j = 0; j < PROMPT; j++) prompts[i][j] = (int32_t)((i * 131 + j * 7919 + 17) % m->config.vocab);
     /* the greedy continuations (s = 0), reused as corrupted oracle drafts */
     result base;
-    if (run_case(m, 32, 0, KD_COMMIT_DEFERRED, NULL, prompts, &out, &base)) return 1;
+    if (run_case(m, 32, 0, KD_COMMIT_DEFERRED, 0, 0, NULL, prompts, &out, &base)) return 1;
     for (int i = 0; i < 32; i++) memcpy(oracle[i], out.toks[i], sizeof oracle[i]);
     const int batches[] = {1, 8, 32}, specs[] = {0, 3, 7};
     result res[27];
@@ -100,7 +103,8 @@ int main(int argc, char **argv) {
     for (int bi = 0; bi < 3; bi++)
         for (int si = 0; si < 3; si++)
             for (int mode = 0; mode < 3; mode++) {
-                if (run_case(m, batches[bi], specs[si], (kd_commit_mode)mode, (const int32_t(*)[GEN])oracle,
+                /* the draft gate off: every draft verified */
+                if (run_case(m, batches[bi], specs[si], (kd_commit_mode)mode, 0.2, 0, (const int32_t(*)[GEN])oracle,
                              prompts, &out, &res[nres]))
                     return 1;
                 for (int i = 0; i < batches[bi]; i++)
@@ -108,6 +112,23 @@ int main(int argc, char **argv) {
                         return fprintf(stderr, "tokens differ from s=0 (batch %d s %d %s)\n", batches[bi],
                                        specs[si], kd_commit_mode_name((kd_commit_mode)mode)), 1;
                 nres++;
+            }
+    /* the draft gate (deferred, s = 3): drafts always wrong and mostly right, gate off and at the
+     * worker's default; the baseline is s = 0 of the same batch (res[(bi) * 9]) */
+    const double corrupts[] = {1.0, 0.2}, gates[] = {0, 0.5};
+    result gres[12];
+    int ngres = 0;
+    for (int bi = 0; bi < 3; bi++)
+        for (int ci = 0; ci < 2; ci++)
+            for (int gi = 0; gi < 2; gi++) {
+                if (run_case(m, batches[bi], 3, KD_COMMIT_DEFERRED, corrupts[ci], gates[gi],
+                             (const int32_t(*)[GEN])oracle, prompts, &out, &gres[ngres]))
+                    return 1;
+                for (int i = 0; i < batches[bi]; i++)
+                    if (memcmp(out.toks[i], oracle[i], sizeof oracle[i]))
+                        return fprintf(stderr, "tokens differ from s=0 (gate %g, corrupt %g, batch %d)\n", gates[gi],
+                                       corrupts[ci], batches[bi]), 1;
+                ngres++;
             }
     char cpu[256], date[64];
     kd_bench_host(cpu, sizeof cpu, date, sizeof date);
@@ -119,7 +140,8 @@ int main(int argc, char **argv) {
             cpu, cores, date, argv[2], argv[3], argv[4], PROMPT, GEN);
     fprintf(md, "# Decode engine on the CPU backend\n\ndevice: %s (%ld cores); date: %s; commit: %s\n\n"
                 "command: `%s`\n\nmodel: bundled demo (preset demo, seed 1); prompt %d tokens; %d tokens "
-                "generated per request; drafts: the greedy continuation with 20%% of tokens corrupted. Every "
+                "generated per request; drafts: the greedy continuation with 20%% of tokens corrupted, every "
+                "one verified (the draft gate off; its own table below). Every "
                 "configuration produced the same tokens as s = 0. Ratio: tokens/s over s = 0, deferred, same batch.\n\n"
                 "On the CPU the forward is bound by arithmetic (every window token costs a full token of "
                 "matrix products), so speculation pays only at small batch; the deferred commit saves state "
@@ -135,6 +157,24 @@ int main(int argc, char **argv) {
                 r->steps_per_tok, r->accept);
         fprintf(md, "| %d | %d | %s | %.0f | %.2f | %.3f | %.2f |\n", r->batch, r->spec, kd_commit_mode_name(r->mode),
                 r->tok_s, r->tok_s / b->tok_s, r->steps_per_tok, r->accept);
+    }
+    fprintf(js, "],\"draft_gate\":[");
+    fprintf(md, "\n## The draft gate (deferred, s = 3)\n\nDrafts verified only while the request's recent ones "
+                "predict `min accept` accepted tokens a step (0: every draft verified; 0.5: the worker's default). "
+                "Drafts: the greedy continuation with every token corrupted (never accepted) or 20%%. Ratio: "
+                "tokens/s over s = 0 (deferred) of the same batch, above. held: draft tokens proposed and not "
+                "verified, per generated token. Every run produced the same tokens as s = 0.\n\n"
+                "| batch | corrupted | min accept | tokens/s | ratio | steps/token | acceptance | held |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < ngres; i++) {
+        const result *r = &gres[i];
+        const result *b = &res[(i / 4) * 9];
+        const double c = corrupts[(i / 2) % 2], g = gates[i % 2];
+        fprintf(js, "%s{\"batch\":%d,\"corrupt\":%.1f,\"min_accept\":%.1f,\"tok_s\":%.1f,\"ratio\":%.3f,"
+                    "\"steps_per_token\":%.3f,\"acceptance\":%.3f,\"held_per_token\":%.3f}",
+                i ? "," : "", r->batch, c, g, r->tok_s, r->tok_s / b->tok_s, r->steps_per_tok, r->accept, r->held);
+        fprintf(md, "| %d | %.0f%% | %.1f | %.0f | %.2f | %.3f | %.2f | %.2f |\n", r->batch, c * 100, g, r->tok_s,
+                r->tok_s / b->tok_s, r->steps_per_tok, r->accept, r->held);
     }
     /* slot memory per mode */
     fprintf(js, "],\"slot_bytes\":[");
