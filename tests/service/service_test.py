@@ -73,6 +73,17 @@ def _run_tokens(prompt, max_tokens, flags):
     return tuple(json.loads(out.stdout)["tokens"])
 
 
+def run_json(prompt, max_tokens, *flags):
+    """`kdecode run --ignore-eos [flags]`'s JSON line."""
+    out = subprocess.run(
+        [BIN, "run", "--model", MODEL, "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens",
+         str(max_tokens), "--ignore-eos", *map(str, flags)],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=T(120))
+    if out.returncode != 0:
+        raise AssertionError(f"kdecode run failed ({out.returncode}): {out.stderr.decode(errors='replace')}")
+    return json.loads(out.stdout)
+
+
 def expected_tokens(prompt, max_tokens, *flags):
     """What `kdecode run --ignore-eos [flags]` generates (default: greedy, no speculation)."""
     return list(_run_tokens(tuple(prompt), max_tokens, tuple(map(str, flags))))
@@ -1268,6 +1279,28 @@ class MetricsTest(ServiceCase):
         self.assertGreaterEqual(m.get('kdecode_requests_rejected_total{reason="busy"}', 0), 1, m)
         self.assertGreaterEqual(m.get('kdecode_requests_finished_total{reason="abort"}', 0), 1, m)
         self.assertGreaterEqual(m.get('kdecode_requests_finished_total{reason="length"}', 0), 3, m)
+
+    def test_held_drafts_as_run_holds_them(self):
+        # the draft gate reads a request's own tokens only: the server verifies and holds back the
+        # drafts `kdecode run` does for the same request, and counts the held ones
+        prompt, n = PROMPTS[2], 40
+        want = run_json(prompt, n, "--spec-tokens", 3, "--draft", "ngram")
+        self.assertGreater(want["held"], 0, want)
+        before = self.scrape()
+        res = self.generate(gen_request(prompt, n, speculation=SPEC_NGRAM3))
+        self.assertEqual(res.code, grpc.StatusCode.OK, res)
+        self.assertEqual(res.tokens, want["tokens"])
+        self.assertEqual(res.last.usage.drafted_tokens, want["drafted"], res.last.usage)
+        self.assertEqual(res.last.usage.accepted_tokens, want["accepted"], res.last.usage)
+        self.wait_idle()
+        m = self.scrape()
+        self.assertEqual(m.get("kdecode_spec_held_tokens_total", 0) - before.get("kdecode_spec_held_tokens_total", 0),
+                         want["held"], m)
+        # with the gate off (run's --draft-min-accept 0) nothing is held and more is verified
+        off = run_json(prompt, n, "--spec-tokens", 3, "--draft", "ngram", "--draft-min-accept", 0)
+        self.assertEqual(off["held"], 0, off)
+        self.assertEqual(off["tokens"], want["tokens"])
+        self.assertGreater(off["drafted"], want["drafted"], off)
 
     def test_metrics_slots_used_returns_to_zero(self):
         long = Background(self.api, gen_request([8, 8, 8], 3000, request_id="m-gauge"))
