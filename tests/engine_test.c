@@ -853,9 +853,10 @@ static void gate_run(kd_model *m, double min_accept, const int32_t *prompt, int3
     p.spec_tokens = 3, p.draft = KD_DRAFT_ORACLE, p.oracle = oracle, p.n_oracle = gen, p.oracle_corrupt = corrupt;
     p.sampling.temperature = temp, p.sampling.seed = 7;
     ck_assert_msg(kd_engine_submit(e, &p, &err) == KD_SUBMIT_OK, "%s", err.msg);
-    int32_t other[16];
+    int32_t other[32];
+    ck_assert(n_others <= 16);
     for (int k = 1; k <= n_others; k++) { /* other prompts, other drafters, sampled or not */
-        for (int i = 0; i < 16; i++) other[i] = (int32_t)((prompt[i] * 7 + 31 * k + i) % m->config.vocab);
+        for (int i = 0; i < 16 + k; i++) other[i] = (int32_t)((prompt[i % n_prompt] * 7 + 31 * k + i) % m->config.vocab);
         kd_request_params q = greedy_params((uint64_t)k, other, 16 + k, gen - 5 * k);
         q.spec_tokens = k % 4, q.draft = k % 2 ? KD_DRAFT_NGRAM : KD_DRAFT_ORACLE;
         q.oracle = oracle, q.n_oracle = gen - 5 * k, q.oracle_corrupt = 0.5;
