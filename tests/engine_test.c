@@ -838,16 +838,19 @@ END_TEST
 /* ------------------------------------------------------------------------ the draft gate */
 
 /* One request (id 0, greedy unless temp > 0) with oracle drafts of s = 3, alone or beside
- * n_others requests; its outcome in o, the engine's counters in st. */
-static void gate_run(kd_model *m, double min_accept, const int32_t *prompt, int32_t n_prompt, const int32_t *oracle,
+ * n_others requests; its outcome in o, the engine's counters in st. The gate's threshold
+ * min_accept in the engine's config, or (set_later) set on the engine before the first step. */
+static void gate_run(kd_model *m, double min_accept, int set_later, const int32_t *prompt, int32_t n_prompt, const int32_t *oracle,
                      int32_t gen, double corrupt, double temp, int n_others, outcome *o, kd_engine_stats *st) {
     kd_engine_config cfg;
     kd_engine_config_defaults(&cfg);
-    cfg.max_seqs = 1 + n_others, cfg.max_spec = 3, cfg.draft_min_accept = min_accept;
+    cfg.max_seqs = 1 + n_others, cfg.max_spec = 3;
+    if (!set_later) cfg.draft_min_accept = min_accept;
     cfg.max_batch_tokens = (int64_t)cfg.max_seqs * 4 + 1 + 40;
     collector *c = collector_new();
     kd_backend *be;
     kd_engine *e = engine_open(m, &cfg, c, &be);
+    if (set_later) ck_assert_int_eq(kd_engine_set_draft_min_accept(e, min_accept), 0);
     kd_err err;
     kd_request_params p = greedy_params(0, prompt, n_prompt, gen);
     p.spec_tokens = 3, p.draft = KD_DRAFT_ORACLE, p.oracle = oracle, p.n_oracle = gen, p.oracle_corrupt = corrupt;
@@ -895,32 +898,32 @@ START_TEST(test_draft_gate) {
      * half way to each step's share (here 0), predicts fewer than 0.5 of 3, then held */
     int drafting_steps = 0;
     for (double share = 1; share * 3 >= 0.5; share *= 0.5) drafting_steps++;
-    gate_run(m, 0.5, prompt, NP, expect, GEN, 1.0, 0, 0, &o, &st);
+    gate_run(m, 0.5, 0, prompt, NP, expect, GEN, 1.0, 0, 0, &o, &st);
     for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
     ck_assert_int_eq(st.drafted, 3 * drafting_steps);
     ck_assert_int_eq(st.accepted, 0);
     ck_assert_int_gt(st.held, 3 * (GEN - 2 * drafting_steps));
     ck_assert_int_eq(st.steps, 1 + GEN); /* the prompt's step, then a token a step */
-    /* gate off: every step drafts */
-    gate_run(m, 0, prompt, NP, expect, GEN, 1.0, 0, 0, &o, &st);
+    /* gate off (set on the running engine): every step drafts */
+    gate_run(m, 0, 1, prompt, NP, expect, GEN, 1.0, 0, 0, &o, &st);
     for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
     ck_assert_int_eq(st.held, 0);
     ck_assert_int_ge(st.drafted, 3 * (GEN - 3));
     /* every draft right: never held */
-    gate_run(m, 0.5, prompt, NP, expect, GEN, 0.0, 0, 0, &o, &st);
+    gate_run(m, 0.5, 0, prompt, NP, expect, GEN, 0.0, 0, 0, &o, &st);
     for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
     ck_assert_int_eq(st.held, 0);
     ck_assert_int_eq(st.accepted, st.drafted);
     ck_assert_int_le(st.steps, 1 + GEN / 4 + 1);
     /* wrong, then right: held while wrong, judged while held, verified again once right */
-    gate_run(m, 0.5, prompt, NP, late, GEN, 0.0, 0, 0, &o, &st);
+    gate_run(m, 0.5, 0, prompt, NP, late, GEN, 0.0, 0, 0, &o, &st);
     for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
     ck_assert_int_gt(st.held, 0);
     ck_assert_msg(st.accepted >= (GEN - LATE) / 2, "accepted %lld of the last %d tokens' drafts",
                   (long long)st.accepted, GEN - LATE);
     ck_assert_int_lt(st.steps, GEN - (GEN - LATE) / 3);
     /* a high bar holds drafts that are right a third of the time; the held ones still learn */
-    gate_run(m, 2.5, prompt, NP, expect, GEN, 0.6, 0, 0, &o, &st);
+    gate_run(m, 2.5, 0, prompt, NP, expect, GEN, 0.6, 0, 0, &o, &st);
     for (int i = 0; i < GEN; i++) ck_assert_int_eq(o.toks[i], expect[i]);
     ck_assert_int_gt(st.held, 0);
 
@@ -928,8 +931,8 @@ START_TEST(test_draft_gate) {
      * its own tokens only), with the gate flipping on its own drafts */
     outcome alone, beside;
     kd_engine_stats st2;
-    gate_run(m, 1.0, prompt, NP, expect, GEN, 0.3, 0.7, 0, &alone, &st);
-    gate_run(m, 1.0, prompt, NP, expect, GEN, 0.3, 0.7, 3, &beside, &st2);
+    gate_run(m, 1.0, 0, prompt, NP, expect, GEN, 0.3, 0.7, 0, &alone, &st);
+    gate_run(m, 1.0, 0, prompt, NP, expect, GEN, 0.3, 0.7, 3, &beside, &st2);
     ck_assert_int_gt(st.drafted, 0);
     ck_assert_int_gt(st.held, 0);
     for (int i = 0; i < GEN; i++)
@@ -950,6 +953,15 @@ START_TEST(test_draft_gate) {
         ck_assert(kd_engine_create(be, 0, &cfg, NULL, NULL, &err) == NULL);
         ck_assert(strstr(err.msg, "draft_min_accept") != NULL);
     }
+    kd_engine_config cfg;
+    kd_engine_config_defaults(&cfg);
+    ck_assert(cfg.draft_min_accept == 0.5);
+    kd_engine *e = kd_engine_create(be, 0, &cfg, NULL, NULL, &err);
+    ck_assert_msg(e != NULL, "%s", err.msg);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(kd_engine_set_draft_min_accept(e, bad[i]), -1);
+    ck_assert_int_eq(kd_engine_set_draft_min_accept(e, 0), 0);
+    ck_assert_int_eq(kd_engine_set_draft_min_accept(e, 32), 0);
+    kd_engine_free(e);
     kd_backend_free(be);
     kd_model_close(m);
 }
