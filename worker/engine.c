@@ -100,6 +100,9 @@ void kd_engine_config_defaults(kd_engine_config *c) {
     c->draft_min_accept = 0.5;
 }
 
+/* The draft gate's threshold (kd_engine_config.draft_min_accept): 0 (off) to 32, not NaN. */
+static int min_accept_ok(double x) { return x >= 0 && x <= 32; }
+
 static int config_check(const kd_engine_config *c, kd_err *err) {
     if (c->max_seqs < 1 || c->max_seqs > 4096)
         return kd_fail(err, "engine: max_seqs %d must be in [1, 4096]", c->max_seqs);
@@ -119,7 +122,7 @@ static int config_check(const kd_engine_config *c, kd_err *err) {
                        c->prefix_block, 4 * (c->max_spec + 1), c->max_spec);
     if (c->ngram_min < 1 || c->ngram_max < c->ngram_min || c->ngram_max > 64)
         return kd_fail(err, "engine: ngram sizes [%d, %d] invalid", c->ngram_min, c->ngram_max);
-    if (!(c->draft_min_accept >= 0 && c->draft_min_accept <= 32))
+    if (!min_accept_ok(c->draft_min_accept))
         return kd_fail(err, "engine: draft_min_accept %g must be in [0, 32]", c->draft_min_accept);
     if (c->pad_rows < 0 || c->pad_rows > 256)
         return kd_fail(err, "engine: pad_rows %d out of range", c->pad_rows);
@@ -701,7 +704,7 @@ fail:
 }
 
 int kd_engine_set_draft_min_accept(kd_engine *e, double min_accept) {
-    if (!(min_accept >= 0 && min_accept <= 32)) return -1;
+    if (!min_accept_ok(min_accept)) return -1;
     e->cfg.draft_min_accept = min_accept;
     return 0;
 }
